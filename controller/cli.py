@@ -1,0 +1,53 @@
+"""The ``specctl`` command line: one subcommand per concern.
+
+Each subcommand lives next to the code it drives and exposes
+``add_arguments(parser)`` and ``run(args) -> int``; modules are imported
+when the parser is built, so they keep heavy imports (vLLM, matplotlib)
+inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from controller import __version__
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("controller.sidecar.serve_cli", "run the sidecar (gRPC controller and /metrics)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specctl",
+        description=(
+            "Adaptive controller for speculative decoding in vLLM: picks the drafter and "
+            "proposal length K (or off) per workload class and load, online."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"specctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        cmd = sub.add_parser(
+            name,
+            help=help_text,
+            description=(module.__doc__ or help_text).strip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

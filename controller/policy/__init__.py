@@ -1,0 +1,1 @@
+"""Decision rules: which arm each (workload class, load bucket) runs."""
