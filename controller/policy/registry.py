@@ -1,0 +1,33 @@
+"""Policies by name, so configuration, the benchmark and replay can build any of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.arms import parse_arm
+from controller.policy.base import Policy
+from controller.policy.static import StaticPolicy
+
+
+def _static(params: Mapping[str, Any]) -> Policy:
+    unknown = set(params) - {"arm"}
+    if unknown:
+        raise ValueError(f"static policy: unknown parameters {sorted(unknown)}; it takes 'arm'")
+    if "arm" not in params:
+        raise ValueError("static policy: parameter 'arm' is required, e.g. arm='ngram/k=4'")
+    return StaticPolicy(parse_arm(str(params["arm"])))
+
+
+# name -> factory(params). Each factory validates its own parameters.
+POLICIES: dict[str, Callable[[Mapping[str, Any]], Policy]] = {
+    "static": _static,
+}
+
+
+def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """Build a policy by name; raise ValueError naming the policy and the bad parameter."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return factory(params or {})

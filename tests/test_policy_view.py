@@ -1,0 +1,86 @@
+"""The engine's compiled policy: sampling matches the pushed distribution."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controller.api import pb
+from controller.arms import OFF, parse_arm
+from controller.engine.policy_view import PolicyError, compile_policy, fallback_view
+
+OFFERED = {"ngram": 4}
+
+
+def _policy(**kw: object) -> pb.Policy:
+    base = dict(
+        version=3,
+        fallback_arm="ngram/k=4",
+        load_bucket_bounds=[4, 16],
+        default_class="default",
+        entries=[
+            pb.ClassPolicy(
+                workload_class="chat",
+                load_bucket=0,
+                arms=["off", "ngram/k=2", "ngram/k=4"],
+                probabilities=[0.1, 0.6, 0.3],
+            ),
+            pb.ClassPolicy(
+                workload_class="default", load_bucket=0, arms=["off"], probabilities=[1.0]
+            ),
+        ],
+    )
+    base.update(kw)
+    return pb.Policy(**base)  # type: ignore[arg-type]
+
+
+def test_sampling_frequencies_and_propensities_match() -> None:
+    view = compile_policy(_policy(), OFFERED)
+    rng = np.random.default_rng(0)
+    counts: dict[str, int] = {}
+    for u in rng.random(20_000):
+        choice = view.choose("chat", 0, float(u))
+        counts[choice.arm.name] = counts.get(choice.arm.name, 0) + 1
+        expected = {"off": 0.1, "ngram/k=2": 0.6, "ngram/k=4": 0.3}[choice.arm.name]
+        assert choice.propensity == pytest.approx(expected)
+    assert counts["ngram/k=2"] / 20_000 == pytest.approx(0.6, abs=0.02)
+    assert counts["off"] / 20_000 == pytest.approx(0.1, abs=0.01)
+
+
+def test_unknown_class_uses_default_then_fallback() -> None:
+    view = compile_policy(_policy(), OFFERED)
+    assert view.choose("never-seen", 0, 0.5).arm == OFF
+    assert view.choose("never-seen", 2, 0.5).arm == parse_arm("ngram/k=4")
+    assert view.choose("never-seen", 2, 0.5).propensity == 1.0
+
+
+def test_load_buckets() -> None:
+    view = compile_policy(_policy(), OFFERED)
+    assert [view.load_bucket(b) for b in (1, 4, 5, 16, 17)] == [0, 0, 1, 1, 2]
+    assert view.num_load_buckets == 3
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        (
+            pb.ClassPolicy(workload_class="c", arms=["ngram/k=8"], probabilities=[1.0]),
+            "not offered",
+        ),
+        (
+            pb.ClassPolicy(workload_class="c", arms=["off", "ngram/k=1"], probabilities=[0.5, 0.6]),
+            "not a distribution",
+        ),
+        (pb.ClassPolicy(workload_class="c", arms=["off"], probabilities=[]), "1 arms and 0"),
+        (pb.ClassPolicy(workload_class="c", arms=["bogus"], probabilities=[1.0]), "'bogus'"),
+    ],
+)
+def test_bad_policies_are_refused(entry: pb.ClassPolicy, needle: str) -> None:
+    with pytest.raises(PolicyError, match=needle):
+        compile_policy(_policy(entries=[entry]), OFFERED)
+
+
+def test_fallback_view_runs_the_fallback_everywhere() -> None:
+    view = fallback_view(parse_arm("ngram/k=4"), [8])
+    assert view.version == 0
+    assert view.choose("any", 1, 0.99).arm == parse_arm("ngram/k=4")
