@@ -1,0 +1,239 @@
+"""The engine's link to the sidecar: one background thread, never in the step's way.
+
+The scheduler appends finished steps to a bounded deque and reads
+:attr:`SidecarClient.view`; that is all it ever touches. This thread drains
+the deque into one :class:`~controller.api.pb.StepReport` per interval over
+the ``Connect`` stream, compiles each pushed policy and swaps it in with one
+reference assignment, and reconnects with exponential backoff and jitter
+(sending its hello again) when the stream breaks. While there is no sidecar,
+or the policy is older than its maximum age, the view is the fallback arm.
+Nothing here raises into the engine.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from controller.api import pb, pb_grpc
+from controller.arms import Arm
+from controller.engine.config import EngineConfig
+from controller.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
+from controller.steps import StepRecord, encode_step_report
+
+log = structlog.get_logger("controller.engine.client")
+
+# Steps per StepReport at most; a backlog after a reconnect goes out in several reports.
+MAX_STEPS_PER_REPORT = 512
+# EngineStatus goes out on every change and at least this often, seconds.
+STATUS_INTERVAL_S = 5.0
+_KEEPALIVE = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass(frozen=True)
+class ClientState:
+    """A snapshot for logs, tests and metrics."""
+
+    connected: bool
+    in_fallback: bool
+    fallback_reason: str
+    policy_version: int
+    reports_sent_total: int
+    steps_dropped_total: int
+    reports_rejected_total: int
+    policies_rejected_total: int
+    connects_total: int
+
+
+class SidecarClient:
+    """Feeds step records to the sidecar and keeps :attr:`view` current."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        hello: pb.Hello,
+        offered: Mapping[str, int],
+        fallback: Arm,
+    ) -> None:
+        self.config = config
+        self.hello = hello
+        self.offered = dict(offered)
+        self.fallback = fallback
+        # Read by the step path with no lock: always a complete, immutable object.
+        self.view: PolicyView = fallback_view(fallback, config.load_buckets)
+        self.queue: deque[StepRecord] = deque(maxlen=config.report_queue_size)
+        self.steps_dropped_total = 0  # written by the step path only
+        self.fallback_reason = "no policy yet"
+        self.connected = False
+        self.reports_sent_total = 0
+        self.reports_rejected_total = 0
+        self.policies_rejected_total = 0
+        self.connects_total = 0
+        self._stop = threading.Event()
+        self._call: grpc.Future | None = None
+        self._thread = threading.Thread(target=self._run, name="specctl-client", daemon=True)
+        self._jitter = random.Random()
+
+    # -- step path ---------------------------------------------------------------------------
+
+    def push(self, record: StepRecord) -> None:
+        """Queue a finished step; the oldest one is dropped (and counted) when full."""
+        queue = self.queue
+        if len(queue) == queue.maxlen:
+            self.steps_dropped_total += 1
+        queue.append(record)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def state(self) -> ClientState:
+        return ClientState(
+            connected=self.connected,
+            in_fallback=self.view.version == 0,
+            fallback_reason=self.fallback_reason if self.view.version == 0 else "",
+            policy_version=self.view.version,
+            reports_sent_total=self.reports_sent_total,
+            steps_dropped_total=self.steps_dropped_total,
+            reports_rejected_total=self.reports_rejected_total,
+            policies_rejected_total=self.policies_rejected_total,
+            connects_total=self.connects_total,
+        )
+
+    # -- policy ------------------------------------------------------------------------------
+
+    def _enter_fallback(self, reason: str) -> None:
+        was_fallback = self.view.version == 0
+        self.view = fallback_view(self.fallback, self.view.load_bucket_bounds)
+        if not was_fallback or reason != self.fallback_reason:
+            log.warning(
+                "specctl_fallback", reason=reason, fallback_arm=self.fallback.name,
+                engine_id=self.config.engine_id,
+            )  # fmt: skip
+        self.fallback_reason = reason
+
+    def _apply_policy(self, policy: pb.Policy) -> None:
+        try:
+            view = compile_policy(policy, self.offered)
+        except PolicyError as exc:
+            self.policies_rejected_total += 1
+            log.error("specctl_policy_rejected", version=policy.version, error=str(exc))
+            return
+        was_fallback = self.view.version == 0
+        self.view = view
+        if was_fallback:
+            log.info(
+                "specctl_policy_applied", version=view.version, policy=policy.policy_name,
+                engine_id=self.config.engine_id,
+            )  # fmt: skip
+
+    def _check_age(self) -> None:
+        max_age = self.config.max_policy_age_s
+        view = self.view
+        if max_age > 0 and view.version != 0:
+            age = time.monotonic() - view.received_monotonic
+            if age > max_age:
+                self._enter_fallback(f"policy {view.version} is {age:.1f}s old (max {max_age:g}s)")
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def _status(self) -> pb.EngineStatus:
+        view = self.view
+        return pb.EngineStatus(
+            in_fallback=view.version == 0,
+            fallback_reason=self.fallback_reason if view.version == 0 else "",
+            reports_dropped_total=self.steps_dropped_total,
+            policy_age_s=max(0.0, time.monotonic() - view.received_monotonic),
+            policy_version=view.version,
+        )
+
+    def _requests(self, done: threading.Event) -> Iterator[pb.EngineMessage]:
+        """Hello, then reports and status until the stream ends; runs on gRPC's thread."""
+        yield pb.EngineMessage(hello=self.hello)
+        sequence = 0
+        last_status: tuple[bool, int, int] | None = None
+        last_status_at = 0.0
+        interval = self.config.report_interval_s
+        while not done.wait(interval):
+            self._check_age()
+            queue = self.queue
+            while queue:
+                steps: list[StepRecord] = []
+                while queue and len(steps) < MAX_STEPS_PER_REPORT:
+                    steps.append(queue.popleft())
+                sequence += 1
+                self.reports_sent_total += 1
+                yield pb.EngineMessage(report=encode_step_report(sequence, steps))
+            view = self.view
+            key = (view.version == 0, view.version, self.steps_dropped_total)
+            now = time.monotonic()
+            if key != last_status or now - last_status_at >= STATUS_INTERVAL_S:
+                last_status, last_status_at = key, now
+                yield pb.EngineMessage(status=self._status())
+
+    def _run(self) -> None:
+        backoff = self.config.reconnect_min_s
+        while not self._stop.is_set():
+            done = threading.Event()
+            got_policy = False
+            channel = grpc.insecure_channel(self.config.address, options=_KEEPALIVE)
+            try:
+                stub = pb_grpc.SpecControllerStub(channel)
+                call = stub.Connect(self._requests(done))
+                self._call = call
+                self.connects_total += 1
+                for message in call:
+                    kind = message.WhichOneof("kind")
+                    if kind == "policy":
+                        if not got_policy:
+                            got_policy = True
+                            self.connected = True
+                            backoff = self.config.reconnect_min_s
+                        self._apply_policy(message.policy)
+                    elif kind == "rejected":
+                        self.reports_rejected_total += 1
+                        r = message.rejected
+                        log.warning(
+                            "specctl_report_rejected", sequence=r.sequence, code=r.code,
+                            message=r.message,
+                        )  # fmt: skip
+                reason = "sidecar closed the stream"
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else None
+                detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+                reason = f"sidecar unreachable: {code.name if code else 'error'}: {detail}"
+            except Exception as exc:  # never into the engine
+                reason = f"client error: {type(exc).__name__}: {exc}"
+                log.exception("specctl_client_error")
+            finally:
+                done.set()
+                self._call = None
+                self.connected = False
+                channel.close()
+            if self._stop.is_set():
+                break
+            self._enter_fallback(reason)
+            delay = backoff * (0.5 + self._jitter.random())
+            backoff = min(backoff * 2.0, self.config.reconnect_max_s)
+            self._stop.wait(delay)

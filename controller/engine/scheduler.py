@@ -1,0 +1,265 @@
+"""vLLM scheduler subclasses that apply specctl's policy: load with ``--scheduler-cls``.
+
+``controller.engine.scheduler.SpecctlScheduler`` works for both of vLLM's
+schedulers: when the engine runs with async scheduling it builds a
+:class:`SpecctlAsyncScheduler` (a subclass of vLLM's ``AsyncScheduler``)
+instead, so the choice always matches the engine's configuration. Both classes
+are importable by qualified name, which vLLM's spawned engine-core process
+needs.
+
+The hooks, all in vLLM 0.32's ``Scheduler``:
+
+- ``add_request``: the request's workload class, once.
+- ``schedule`` / ``_update_after_schedule``: sample an arm per (class, load
+  bucket) from the current policy and set the step-level K the drafter
+  proposes, through vLLM's dynamic speculative decoding lookup.
+- ``update_draft_token_ids`` (sync) or the draft placeholders (async):
+  truncate each request's drafts to its own arm's K (0 for ``off``).
+- ``update_from_output``: record drafted and accepted per request, the step's
+  wall time and batch size, and queue them for the sidecar.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import structlog
+
+from controller import __version__
+from controller.api import pb
+from controller.engine.client import SidecarClient
+from controller.engine.config import EngineConfig, engine_default_arm
+from controller.engine.recorder import StepRecorder
+
+log = structlog.get_logger("controller.engine.scheduler")
+
+SUPPORTED_VLLM_VERSIONS = ("0.32",)
+
+# Method -> parameter names (after self) this plugin relies on.
+_HOOKS: dict[str, tuple[str, ...]] = {
+    "__init__": (
+        "vllm_config",
+        "kv_cache_config",
+        "structured_output_manager",
+        "block_size",
+        "hash_block_size",
+        "mm_registry",
+        "include_finished_set",
+        "log_stats",
+    ),
+    "add_request": ("request",),
+    "schedule": ("throttle_prefills",),
+    "_update_after_schedule": ("scheduler_output",),
+    "update_draft_token_ids": ("draft_token_ids",),
+    "update_from_output": ("scheduler_output", "model_runner_output"),
+}
+
+
+class UnsupportedVllmError(RuntimeError):
+    """The running vLLM does not have the scheduler hooks this plugin was written against."""
+
+
+def check_vllm_supported() -> None:
+    """Fail at start-up, naming the supported versions, if the hooks are not as expected."""
+    import vllm
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    supported = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM_VERSIONS)
+    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM_VERSIONS):
+        raise UnsupportedVllmError(
+            f"specctl's scheduler plugin supports vLLM {supported}; this is vLLM {version}"
+        )
+    problems: list[str] = []
+    for name, params in _HOOKS.items():
+        method = getattr(Scheduler, name, None)
+        if method is None:
+            problems.append(f"Scheduler.{name} is missing")
+            continue
+        got = tuple(inspect.signature(method).parameters)[1:]
+        if got[: len(params)] != params:
+            problems.append(f"Scheduler.{name}{got} does not take {params}")
+    if not issubclass(AsyncScheduler, Scheduler):
+        problems.append("AsyncScheduler is not a subclass of Scheduler")
+    fields = getattr(SchedulerOutput, "__dataclass_fields__", {})
+    for name in ("num_spec_tokens_to_schedule", "scheduled_spec_decode_tokens"):
+        if name not in fields:
+            problems.append(f"SchedulerOutput has no field {name!r}")
+    if problems:
+        raise UnsupportedVllmError(
+            f"specctl's scheduler plugin supports vLLM {supported}, and vLLM {version} "
+            f"does not match it: {'; '.join(problems)}"
+        )
+
+
+class _StepK:
+    """Stands in for vLLM's dynamic-SD lookup (batch size -> K): returns the step's K.
+
+    Setting a lookup also stops vLLM from padding new decodes to a fixed K.
+    """
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def __getitem__(self, batch_size: int) -> int:
+        return self.k
+
+
+class _SpecctlMixin:
+    """The specctl hooks, shared by both scheduler classes."""
+
+    specctl: StepRecorder | None
+    specctl_client: SidecarClient | None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_vllm_supported()
+        super().__init__(*args, **kwargs)
+        self.specctl = None
+        self.specctl_client = None
+        vllm_config = self.vllm_config  # type: ignore[attr-defined]
+        spec = vllm_config.speculative_config
+        max_k = int(self.num_spec_tokens)  # type: ignore[attr-defined]
+        if spec is None or max_k <= 0:
+            log.warning("specctl_disabled", reason="the engine runs without speculative decoding")
+            return
+        config = EngineConfig.load()
+        method = str(spec.method)
+        fallback = config.fallback(engine_default_arm(method, max_k))
+        if not fallback.is_off and (fallback.drafter != method or fallback.k > max_k):
+            raise ValueError(
+                f"SPECCTL_FALLBACK_ARM={fallback.name!r} cannot run on this engine: its drafter "
+                f"is {method!r} with at most {max_k} speculative tokens"
+            )
+        import vllm
+
+        hello = pb.Hello(
+            engine_id=config.engine_id,
+            model=str(vllm_config.model_config.served_model_name or vllm_config.model_config.model),
+            vllm_version=str(vllm.__version__),
+            drafters=[pb.Drafter(method=method, max_k=max_k)],
+            max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
+            fallback_arm=fallback.name,
+            specctl_version=__version__,
+        )
+        client = SidecarClient(config, hello, {method: max_k}, fallback)
+        self.specctl_client = client
+        self.specctl = StepRecorder(config, client, max_k)
+        self.dynamic_sd_lookup = _StepK(max_k)
+        self._specctl_schedule_start = 0.0
+        client.start()
+        log.info(
+            "specctl_started", engine_id=config.engine_id, address=config.address,
+            scheduler=type(self).__name__, drafter=method, max_k=max_k, fallback_arm=fallback.name,
+        )  # fmt: skip
+
+    def add_request(self, request: Any) -> None:
+        recorder = self.specctl
+        if recorder is not None:
+            params = request.sampling_params
+            request.specctl_class = recorder.classify(
+                params.extra_args if params is not None else None, request.num_prompt_tokens
+            )
+            request.specctl_choice = None
+        super().add_request(request)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._specctl_schedule_start = time.monotonic()
+        return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        recorder = self.specctl
+        if recorder is None:
+            super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+            return
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        requests = self.requests  # type: ignore[attr-defined]
+        # vLLM updates is_prefill_chunk here; the arms are sampled for who drafts next.
+        # AsyncScheduler reads num_spec_tokens_to_schedule in it, so set K first and
+        # fix it up after (sampling needs the updated prefill state).
+        super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
+        k = recorder.on_schedule(
+            id(scheduler_output), num_scheduled, requests, self._specctl_schedule_start
+        )
+        if num_scheduled:
+            scheduler_output.num_spec_tokens_to_schedule = k
+        self._specctl_after_assign(scheduler_output, k)
+
+    def _specctl_after_assign(self, scheduler_output: Any, k: int) -> None:
+        """Per-variant fix-up once each request has its arm."""
+
+    def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        recorder = self.specctl
+        if recorder is not None:
+            recorder.truncate_drafts(
+                draft_token_ids.req_ids,
+                draft_token_ids.draft_token_ids,
+                self.requests,  # type: ignore[attr-defined]
+            )
+        super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        recorder = self.specctl
+        if recorder is not None:
+            try:
+                recorder.on_output(
+                    id(scheduler_output),
+                    scheduler_output.num_scheduled_tokens,
+                    scheduler_output.total_num_scheduled_tokens,
+                    scheduler_output.scheduled_spec_decode_tokens,
+                    model_runner_output.req_id_to_index,
+                    model_runner_output.sampled_token_ids,
+                )
+            except Exception:  # a bookkeeping bug must never fail requests
+                log.exception("specctl_record_failed")
+        return outputs
+
+    def shutdown(self) -> None:
+        client = self.specctl_client
+        if client is not None:
+            client.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+def _async_scheduling(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+    return bool(getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False))
+
+
+def _scheduler_base() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+def _async_scheduler_base() -> type:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    return AsyncScheduler
+
+
+class SpecctlAsyncScheduler(_SpecctlMixin, _async_scheduler_base()):  # type: ignore[misc]
+    """vLLM's AsyncScheduler with specctl: drafts stay in the worker, so the per-request
+    K is applied by shortening each request's draft placeholders."""
+
+    def _specctl_after_assign(self, scheduler_output: Any, k: int) -> None:
+        # AsyncScheduler sized every request's placeholders before the arms were known.
+        recorder = self.specctl
+        assert recorder is not None
+        recorder.placeholders(scheduler_output.num_scheduled_tokens, self.requests)
+
+
+class SpecctlScheduler(_SpecctlMixin, _scheduler_base()):  # type: ignore[misc]
+    """vLLM's Scheduler with specctl; builds a SpecctlAsyncScheduler under async scheduling."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is SpecctlScheduler and _async_scheduling(args, kwargs):
+            # Not a SpecctlScheduler instance, so Python does not call __init__ again.
+            return SpecctlAsyncScheduler(*args, **kwargs)
+        return super().__new__(cls)
