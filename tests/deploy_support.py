@@ -1,0 +1,91 @@
+"""Helpers for the deploy tests: the metric names specctl and vLLM export, and the
+metric names a PromQL expression reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+RULES_FILE = DEPLOY / "prometheus" / "specctl.rules.yml"
+
+_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "inf",
+    "nan",
+}
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_TOKEN = re.compile(r"(?<![\w.:])[A-Za-z_:][A-Za-z0-9_:]*")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (Grafana variables allowed)."""
+    text = expr.replace("$__rate_interval", "1m")
+    text = re.sub(r"\$\{?\w+\}?", "x", text)
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = _GROUPING.sub("", text)
+    names = set()
+    for match in _TOKEN.finditer(text):
+        token = match.group(0)
+        rest = text[match.end() :].lstrip()
+        if rest.startswith("(") or token.lower() in _KEYWORDS:
+            continue
+        names.add(token)
+    return names
+
+
+def specctl_metric_names() -> set[str]:
+    """Every series name the sidecar's registry exports."""
+    from controller.sidecar.metrics import SidecarMetrics
+
+    names: set[str] = set()
+    for family in SidecarMetrics().registry.collect():
+        if family.type == "counter":
+            names |= {family.name + "_total", family.name + "_created"}
+        elif family.type == "histogram":
+            names |= {family.name + s for s in ("_bucket", "_sum", "_count", "_created")}
+        else:
+            names.add(family.name)
+    return names
+
+
+def vllm_metric_names() -> set[str]:
+    """Series names vLLM's metrics loggers define, read from its source without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    root = Path(spec.origin).parent
+    bases: set[str] = set()
+    for path in [*(root / "v1" / "metrics").glob("*.py"), root / "v1/spec_decode/metrics.py"]:
+        bases |= set(re.findall(r'"(vllm:[a-z0-9_]+)"', path.read_text()))
+    suffixes = ("", "_total", "_created", "_bucket", "_sum", "_count")
+    return {base + s for base in bases for s in suffixes}
+
+
+def load_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def recorded_names() -> set[str]:
+    return {rule["record"] for rule in load_rules() if "record" in rule}
+
+
+def alert_names() -> list[str]:
+    return [rule["alert"] for rule in load_rules() if "alert" in rule]
