@@ -18,6 +18,9 @@ from controller import __version__
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("controller.sidecar.serve_cli", "run the sidecar (gRPC controller and /metrics)"),
+    "policy": ("controller.sidecar.policy_cli", "print the running sidecar's current policy"),
+    "evidence": ("controller.sidecar.evidence_cli", "print the evidence behind the policy"),
+    "override": ("controller.sidecar.override_cli", "pin a workload class to an arm (admin)"),
 }
 
 

@@ -1,0 +1,1 @@
+"""The specctl sidecar: the gRPC controller engines stream reports to, and its /metrics."""

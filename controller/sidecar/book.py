@@ -1,0 +1,473 @@
+"""PolicyBook: the sidecar's state, free of gRPC and asyncio.
+
+It wraps a :class:`~controller.policy.base.Policy` and owns what the policy
+does not: the union of arms engines offer, the bound on workload classes,
+operator overrides, the published distributions and their version, and the
+per-engine restriction of a policy to the arms that engine can run. The
+server drives it from one event loop; the simulator drives it in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from controller.api import pb
+from controller.arms import OFF, Arm, arms_for
+from controller.logs import get_logger
+from controller.policy.base import Decision, Evidence, Policy
+from controller.sidecar.metrics import SidecarMetrics
+from controller.steps import StepBatch, validate_class_name
+
+log = get_logger("specctl.sidecar.book")
+
+Sink = Callable[[StepBatch], Any]
+Context = tuple[str, int]
+# Evidence gauges need a policy.evidence() call per context: refresh them at most this often.
+EVIDENCE_REFRESH_S = 1.0
+
+
+class UnknownClassError(KeyError):
+    """A workload class the book has never seen."""
+
+
+def total_variation(a: Decision, b: Decision) -> float:
+    """Total-variation distance between two distributions over (possibly different) arms."""
+    pa = dict(zip(a.arms, a.probabilities.tolist(), strict=True))
+    pb_ = dict(zip(b.arms, b.probabilities.tolist(), strict=True))
+    return 0.5 * sum(abs(pa.get(arm, 0.0) - pb_.get(arm, 0.0)) for arm in pa.keys() | pb_.keys())
+
+
+@dataclasses.dataclass
+class _Published:
+    decision: Decision
+    override: bool = False
+
+
+class PolicyBook:
+    """The published policy per (workload class, load bucket), versioned.
+
+    ``version`` moves when a distribution changes materially (total variation
+    above ``push_threshold``), on an override, and when a class appears.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        policy_name: str | None = None,
+        default_class: str = "default",
+        max_classes: int = 64,
+        load_bucket_bounds: Iterable[int] = (8, 32, 128),
+        fallback_arm: Arm | None = None,
+        push_threshold: float = 0.05,
+        metrics: SidecarMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.policy_name = policy_name or policy.policy_name
+        self.default_class = default_class
+        self.max_classes = max_classes
+        self.load_bucket_bounds = tuple(int(b) for b in load_bucket_bounds)
+        self.fallback_arm = fallback_arm
+        self.push_threshold = push_threshold
+        self.metrics = metrics if metrics is not None else SidecarMetrics()
+        self.clock = clock
+        self.version = 0
+        self._arms: list[Arm] = [OFF]
+        self._offered: dict[str, int] = {}
+        self._classes: dict[str, int] = {}  # name -> id, insertion ordered
+        self._overrides: dict[str, Arm] = {}
+        self._published: dict[Context, _Published] = {}
+        self._sinks: list[Sink] = []
+        self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], pb.Policy] = {}
+        self._stale_evidence: set[Context] = set()
+        self._evidence_refreshed = 0.0
+        self.policy.set_arms(self._arms)
+        self._add_class(default_class)
+        self._bump()
+
+    # ----------------------------------------------------------------- arms, classes
+
+    @property
+    def num_load_buckets(self) -> int:
+        return len(self.load_bucket_bounds) + 1
+
+    @property
+    def arms(self) -> tuple[Arm, ...]:
+        return tuple(self._arms)
+
+    @property
+    def offered(self) -> dict[str, int]:
+        """Union of the drafters engines offered (drafter -> largest max K)."""
+        return dict(self._offered)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(self._classes)
+
+    @property
+    def overrides(self) -> dict[str, Arm]:
+        return dict(self._overrides)
+
+    def offer(self, drafters: Mapping[str, int]) -> bool:
+        """An engine offers these drafters; grow the arm union. True if it grew."""
+        grew = False
+        for drafter, max_k in drafters.items():
+            if max_k > self._offered.get(drafter, 0):
+                self._offered[drafter] = max_k
+                grew = True
+        if not grew:
+            return False
+        self._arms = arms_for(sorted(self._offered.items()))
+        self.policy.set_arms(self._arms)
+        self._republish(self._published.keys(), force=False)
+        return True
+
+    def _add_class(self, name: str) -> None:
+        self._classes[name] = len(self._classes)
+        self.metrics.classes.set(len(self._classes))
+        for bucket in range(self.num_load_buckets):
+            ctx = (name, bucket)
+            self._publish(ctx, self._decide(ctx))
+
+    def fold_class(self, name: str) -> str:
+        """The class the book keeps ``name`` under: itself, or the default class when full."""
+        if name in self._classes:
+            return name
+        if len(self._classes) >= self.max_classes:
+            return self.default_class
+        return name
+
+    # ----------------------------------------------------------------- decisions
+
+    def _decide(self, ctx: Context) -> _Published:
+        arm = self._overrides.get(ctx[0])
+        if arm is not None:
+            return _Published(Decision.point(arm, f"pinned by operator: {arm}"), override=True)
+        return _Published(self.policy.select_action(*ctx))
+
+    def _publish(self, ctx: Context, new: _Published) -> None:
+        old = self._published.get(ctx)
+        self._published[ctx] = new
+        m = self.metrics
+        cls, bucket = ctx[0], str(ctx[1])
+        if old is not None:
+            for arm in old.decision.arms:
+                if arm not in new.decision.arms:
+                    try:
+                        m.arm_probability.remove(cls, bucket, arm.name)
+                    except KeyError:
+                        pass
+        for arm, p in zip(new.decision.arms, new.decision.probabilities.tolist(), strict=True):
+            m.arm_probability.labels(cls, bucket, arm.name).set(p)
+        off_now = new.decision.mode.is_off
+        m.speculation_off.labels(cls, bucket).set(1.0 if off_now else 0.0)
+        if old is not None and off_now and not old.decision.mode.is_off:
+            m.switch_offs.labels(cls).inc()
+        self._stale_evidence.add(ctx)
+
+    def _republish(self, contexts: Iterable[Context], *, force: bool) -> bool:
+        changed = False
+        for ctx in list(contexts):
+            new = self._decide(ctx)
+            old = self._published[ctx]
+            if (
+                force
+                or new.override != old.override
+                or total_variation(new.decision, old.decision) > self.push_threshold
+            ):
+                self._publish(ctx, new)
+                changed = True
+        if changed:
+            self._bump()
+        return changed
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._cache.clear()
+        self.metrics.policy_version.set(self.version)
+
+    def decision(self, workload_class: str, load_bucket: int) -> Decision:
+        """The published distribution for a context (the default class's if unknown)."""
+        pub = self._published.get((workload_class, load_bucket))
+        if pub is None:
+            pub = self._published[(self.default_class, load_bucket)]
+        return pub.decision
+
+    # ----------------------------------------------------------------- learning
+
+    def add_sink(self, sink: Sink) -> None:
+        """Call ``sink(batch)`` with every ingested batch (classes folded as the policy saw)."""
+        self._sinks.append(sink)
+
+    def ingest(self, batch: StepBatch, received_at: float | None = None) -> bool:
+        """Learn from a validated report; True if the published policy changed (new version).
+
+        ``received_at`` is the ``time.perf_counter()`` at the report's arrival,
+        for the update-latency histogram.
+        """
+        m = self.metrics
+        # Fold the batch's class table into the classes the book keeps.
+        new_classes = False
+        names: list[str] = []
+        for name in batch.classes:
+            folded = self.fold_class(name)
+            if folded not in self._classes:
+                self._add_class(folded)
+                new_classes = True
+            names.append(folded)
+        if names != list(batch.classes):
+            unique = list(dict.fromkeys(names))
+            remap = np.fromiter((unique.index(n) for n in names), np.int64, len(names))
+            overflowed = np.fromiter(
+                (n != o for n, o in zip(names, batch.classes, strict=True)), bool, len(names)
+            )
+            m.class_overflow.inc(int(overflowed[batch.class_index].sum()) if batch.num_rows else 0)
+            batch = dataclasses.replace(
+                batch, classes=tuple(unique), class_index=remap[batch.class_index]
+            )
+
+        rows_bucket = batch.load_bucket[batch.request_step]
+        self._count(batch, rows_bucket)
+        self.policy.update_params(batch)
+        touched = {batch.classes[int(c)] for c in np.unique(batch.class_index)}
+        contexts = [(c, b) for c in touched for b in range(self.num_load_buckets)]
+        changed = self._republish(contexts, force=False)
+        if new_classes and not changed:
+            self._bump()
+            changed = True
+        if received_at is not None:
+            m.policy_update_latency.observe(time.perf_counter() - received_at)
+        for sink in self._sinks:
+            try:
+                sink(batch)
+            except Exception:
+                m.reports_rejected.labels("sink_error").inc()
+                log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
+        self._refresh_evidence_gauges()
+        return changed
+
+    def _count(self, batch: StepBatch, rows_bucket: np.ndarray) -> None:
+        """Per-class counters, vectorised over the batch's rows."""
+        m = self.metrics
+        n = batch.num_rows
+        if n == 0:
+            return
+        n_cls = len(batch.classes)
+        n_arms = len(batch.arms)
+        # request-rounds by applied arm
+        counts = np.bincount(batch.class_index * n_arms + batch.arm_index, minlength=n_cls * n_arms)
+        for key in np.flatnonzero(counts):
+            c, a = divmod(int(key), n_arms)
+            m.arm_rounds.labels(batch.classes[c], batch.arms[a].name).inc(int(counts[key]))
+        # speculative rows by (class, drafter)
+        drafters = sorted({a.drafter for a in batch.arms if not a.is_off})
+        if drafters:
+            drafter_of_arm = np.array(
+                [drafters.index(a.drafter) if not a.is_off else -1 for a in batch.arms], np.int64
+            )
+            row_drafter = drafter_of_arm[batch.arm_index]
+            spec = row_drafter >= 0
+            n_dr = len(drafters)
+            group = (batch.class_index * n_dr + row_drafter)[spec]
+            size = n_cls * n_dr
+            rounds = np.bincount(group, minlength=size)
+            drafted = np.bincount(group, weights=batch.drafted[spec], minlength=size)
+            accepted_rows = batch.accepted[spec]
+            accepted = np.bincount(group, weights=accepted_rows, minlength=size)
+            width = int(batch.arm_k.max()) + 1
+            hist = np.bincount(group * width + accepted_rows, minlength=size * width)
+            at_least = np.cumsum(hist.reshape(size, width)[:, ::-1], axis=1)[:, ::-1]
+            k_max = np.zeros(size, np.int64)
+            np.maximum.at(k_max, group, batch.arm_k[spec])
+            for g in np.flatnonzero(rounds):
+                c, d = divmod(int(g), n_dr)
+                labels = (batch.classes[c], drafters[d])
+                m.request_rounds.labels(*labels).inc(int(rounds[g]))
+                m.draft_tokens.labels(*labels).inc(float(drafted[g]))
+                m.accepted_tokens.labels(*labels).inc(float(accepted[g]))
+                for pos in range(1, int(k_max[g]) + 1):
+                    m.accepted_tokens_per_position.labels(*labels, str(pos)).inc(
+                        int(at_least[g, pos])
+                    )
+            # probes: speculative rounds where the context's most likely arm is off
+            ctx_key = batch.class_index * self.num_load_buckets + rows_bucket
+            probe = np.bincount(ctx_key[spec], minlength=n_cls * self.num_load_buckets)
+            for key in np.flatnonzero(probe):
+                c, b = divmod(int(key), self.num_load_buckets)
+                if self._published[(batch.classes[c], b)].decision.mode.is_off:
+                    m.probe_rounds.labels(batch.classes[c]).inc(int(probe[key]))
+
+    def _refresh_evidence_gauges(self, *, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now - self._evidence_refreshed < EVIDENCE_REFRESH_S or not self._stale_evidence:
+            return
+        self._evidence_refreshed = now
+        stale, self._stale_evidence = self._stale_evidence, set()
+        m = self.metrics
+        for ctx in stale:
+            ev = self.policy.evidence(*ctx)
+            if not ev.arms:
+                continue
+            by_arm = {e.arm: e for e in ev.arms}
+            chosen = by_arm.get(self._published[ctx].decision.mode)
+            labels = (ctx[0], str(ctx[1]))
+            if chosen is not None:
+                m.chosen_arm_goodput.labels(*labels).set(chosen.goodput)
+            off = by_arm.get(OFF)
+            if off is not None:
+                m.no_spec_goodput.labels(*labels).set(off.goodput)
+
+    # ----------------------------------------------------------------- operator
+
+    def set_override(self, workload_class: str, arm: Arm | None) -> int:
+        """Pin ``workload_class`` to ``arm`` (``OFF`` disables speculation), or clear with None.
+
+        Returns the new version. The class is created if the book has room.
+        """
+        problem = validate_class_name(workload_class)
+        if problem is not None:
+            raise ValueError(problem)
+        if workload_class not in self._classes:
+            if arm is None:
+                return self.version
+            if self.fold_class(workload_class) != workload_class:
+                raise ValueError(
+                    f"workload class {workload_class!r} cannot be added: "
+                    f"max_classes={self.max_classes} reached"
+                )
+            self._add_class(workload_class)
+        if arm is None:
+            self._overrides.pop(workload_class, None)
+        else:
+            self._overrides[workload_class] = arm
+        contexts = [(workload_class, b) for b in range(self.num_load_buckets)]
+        self._republish(contexts, force=True)
+        return self.version
+
+    def reset_class(self, workload_class: str) -> int:
+        """Forget what the policy learned for a class; returns the new version."""
+        if workload_class not in self._classes:
+            raise UnknownClassError(workload_class)
+        self.policy.reset_class(workload_class)
+        self._republish([(workload_class, b) for b in range(self.num_load_buckets)], force=True)
+        return self.version
+
+    def replace_policy(self, policy: Policy, policy_name: str | None = None) -> int:
+        """Swap in a new policy (configuration reload); every context is republished."""
+        self.policy = policy
+        self.policy_name = policy_name or policy.policy_name
+        policy.set_arms(self._arms)
+        self._republish(list(self._published), force=True)
+        return self.version
+
+    # ----------------------------------------------------------------- views
+
+    def policy_for(self, offered: Mapping[str, int], fallback: Arm) -> pb.Policy:
+        """The policy as an engine offering ``offered`` (drafter -> max K) receives it.
+
+        Each distribution is restricted to the engine's runnable arms and
+        renormalised; where nothing runnable remains, the engine's fallback
+        (or off, if the fallback is not runnable either).
+        """
+
+        def runnable(arm: Arm) -> bool:
+            return arm.is_off or arm.k <= offered.get(arm.drafter, 0)
+
+        key = (self.version, frozenset(offered.items()), fallback)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        book_fallback = self.fallback_arm if self.fallback_arm is not None else fallback
+        if not runnable(book_fallback):
+            book_fallback = fallback if runnable(fallback) else OFF
+        entries = []
+        for (cls, bucket), pub in self._published.items():
+            d = pub.decision
+            keep = [i for i, arm in enumerate(d.arms) if runnable(arm)]
+            probs = d.probabilities[keep]
+            total = float(probs.sum())
+            if keep and total > 0.0:
+                arms = [d.arms[i].name for i in keep]
+                values = (probs / total).tolist()
+                why = (
+                    d.explanation
+                    if len(keep) == len(d.arms)
+                    else (f"{d.explanation} (restricted to this engine's arms)")
+                )
+            else:
+                arms = [book_fallback.name]
+                values = [1.0]
+                why = f"{d.explanation} (not runnable here: fallback {book_fallback})"
+            entries.append(
+                pb.ClassPolicy(
+                    workload_class=cls,
+                    load_bucket=bucket,
+                    arms=arms,
+                    probabilities=values,
+                    explanation=why,
+                )
+            )
+        message = pb.Policy(
+            version=self.version,
+            policy_name=self.policy_name,
+            fallback_arm=book_fallback.name,
+            load_bucket_bounds=self.load_bucket_bounds,
+            default_class=self.default_class,
+            entries=entries,
+            issued_unix_s=self.clock(),
+        )
+        self._cache[key] = message
+        return message
+
+    def full_policy(self) -> pb.Policy:
+        """The policy as an engine offering every drafter seen would receive it."""
+        return self.policy_for(self._offered, self.fallback_arm or OFF)
+
+    def evidence(self, workload_class: str | None = None) -> pb.GetEvidenceResponse:
+        """The evidence behind the policy, for one class or all of them."""
+        if workload_class:
+            if workload_class not in self._classes:
+                raise UnknownClassError(workload_class)
+            classes = [workload_class]
+        else:
+            classes = list(self._classes)
+        out = pb.GetEvidenceResponse(policy_version=self.version, policy_name=self.policy_name)
+        for cls in classes:
+            override = self._overrides.get(cls)
+            for bucket in range(self.num_load_buckets):
+                pub = self._published[(cls, bucket)]
+                ev: Evidence = self.policy.evidence(cls, bucket)
+                ce = out.classes.add(
+                    workload_class=cls,
+                    load_bucket=bucket,
+                    explanation=pub.decision.explanation,
+                    override_arm=override.name if override is not None else "",
+                    rounds=ev.rounds,
+                )
+                estimates = {e.arm: e for e in ev.arms}
+                arms = list(pub.decision.arms) + [
+                    a for a in estimates if a not in pub.decision.arms
+                ]
+                for arm in arms:
+                    e = estimates.get(arm)
+                    ae = ce.arms.add(arm=arm.name, probability=pub.decision.probability_of(arm))
+                    if e is not None:
+                        ae.expected_tokens = e.expected_tokens
+                        ae.expected_step_time_s = e.expected_step_time_s
+                        ae.goodput = e.goodput
+                        ae.goodput_low = e.goodput_low
+                        ae.goodput_high = e.goodput_high
+                        ae.prob_best = e.prob_best
+                for drafter, (acceptance, observations) in sorted(ev.acceptance.items()):
+                    ce.drafters.add(
+                        drafter=drafter,
+                        conditional_acceptance=list(acceptance),
+                        observations=list(observations),
+                    )
+        return out

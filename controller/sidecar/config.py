@@ -1,0 +1,345 @@
+"""The sidecar's configuration: a TOML file, then SPECCTL_<SECTION>_<KEY>, then flags.
+
+Every setting is checked once, here, with a message that names the key and the
+value, so a bad deployment fails at start-up and not at the first report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.arms import ArmError, parse_arm
+from controller.logs import FORMATS, LEVELS
+from controller.steps import validate_class_name
+
+ENV_PREFIX = "SPECCTL_"
+# Top-level tables that belong to other specctl components sharing the file.
+FOREIGN_SECTIONS = frozenset({"engine"})
+SOCKET_MODES = {"0600": 0o600, "0660": 0o660}
+MAX_LOAD_BUCKETS = 16
+_HOST_PORT_RE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]+):(?P<port>[0-9]{1,5})$")
+
+
+# Parameters a policy gets when it is chosen without any.
+_DEFAULT_PARAMS: dict[str, dict[str, Any]] = {"static": {"arm": "off"}}
+
+
+class ConfigError(ValueError):
+    """A setting that is not valid; the message names the key and the value."""
+
+
+def _fail(key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r}: {why}")
+
+
+def _check_host_port(key: str, value: str, *, allow_port_zero: bool) -> None:
+    match = _HOST_PORT_RE.match(value)
+    if match is None:
+        raise _fail(key, value, "must be host:port, e.g. 127.0.0.1:9400 (or [::1]:9400)")
+    port = int(match.group("port"))
+    if port > 65535 or (port == 0 and not allow_port_zero):
+        raise _fail(key, value, "port must be in 1..65535")
+
+
+def is_unix_address(address: str) -> bool:
+    return address.startswith("unix:")
+
+
+def unix_socket_path(address: str) -> str:
+    """``unix:///run/x.sock`` or ``unix:/run/x.sock`` -> ``/run/x.sock``."""
+    path = address[len("unix:") :]
+    if path.startswith("//"):
+        path = path[2:]
+    return path
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: str = "unix:///tmp/specctl.sock"
+    socket_mode: str = "0600"
+    metrics_listen: str = "127.0.0.1:9400"
+    max_message_bytes: int = 4 * 1024 * 1024
+    grace_period_s: float = 5.0
+    max_engines: int = 256
+
+    def __post_init__(self) -> None:
+        if is_unix_address(self.listen):
+            path = unix_socket_path(self.listen)
+            if not path.startswith("/") or path.endswith("/"):
+                raise _fail(
+                    "server.listen", self.listen, "a unix socket must be unix:///absolute/path"
+                )
+        else:
+            # host:port; port 0 picks a free port (tests). All interfaces only when
+            # written out (0.0.0.0 or [::]), never implied by an empty host.
+            _check_host_port("server.listen", self.listen, allow_port_zero=True)
+        if self.socket_mode not in SOCKET_MODES:
+            raise _fail(
+                "server.socket_mode", self.socket_mode, f"must be one of {sorted(SOCKET_MODES)}"
+            )
+        _check_host_port("server.metrics_listen", self.metrics_listen, allow_port_zero=True)
+        if not 1024 <= self.max_message_bytes <= 256 * 1024 * 1024:
+            raise _fail(
+                "server.max_message_bytes", self.max_message_bytes, "must be in 1024..268435456"
+            )
+        if not 0.0 <= self.grace_period_s <= 300.0:
+            raise _fail("server.grace_period_s", self.grace_period_s, "must be in [0, 300]")
+        if not 1 <= self.max_engines <= 100_000:
+            raise _fail("server.max_engines", self.max_engines, "must be in 1..100000")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "static"
+    params: Mapping[str, Any] = field(default_factory=lambda: {"arm": "off"})
+    default_class: str = "default"
+    max_classes: int = 64
+    load_bucket_bounds: tuple[int, ...] = (8, 32, 128)
+    fallback_arm: str = ""
+    push_threshold: float = 0.05
+    min_push_interval_s: float = 0.5
+    # class -> arm pinned from the configuration file ("off" disables speculation)
+    overrides: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from controller.policy.registry import POLICIES, make_policy
+
+        if self.name not in POLICIES:
+            raise _fail("policy.name", self.name, f"unknown policy; known: {sorted(POLICIES)}")
+        if not isinstance(self.params, Mapping):
+            raise _fail("policy.params", self.params, "must be a table")
+        try:
+            make_policy(self.name, self.params)
+        except (ValueError, TypeError) as exc:
+            raise _fail("policy.params", dict(self.params), str(exc)) from None
+        problem = validate_class_name(self.default_class)
+        if problem is not None:
+            raise _fail("policy.default_class", self.default_class, problem)
+        if not 1 <= self.max_classes <= 10_000:
+            raise _fail("policy.max_classes", self.max_classes, "must be in 1..10000")
+        bounds = self.load_bucket_bounds
+        if (
+            len(bounds) >= MAX_LOAD_BUCKETS
+            or any(b < 1 for b in bounds)
+            or list(bounds) != sorted(set(bounds))
+        ):
+            raise _fail(
+                "policy.load_bucket_bounds",
+                list(bounds),
+                f"must be strictly increasing positive batch sizes, at most "
+                f"{MAX_LOAD_BUCKETS - 1} of them",
+            )
+        if self.fallback_arm:
+            try:
+                parse_arm(self.fallback_arm)
+            except ArmError as exc:
+                raise _fail("policy.fallback_arm", self.fallback_arm, str(exc)) from None
+        if not 0.0 <= self.push_threshold <= 1.0:
+            raise _fail("policy.push_threshold", self.push_threshold, "must be in [0, 1]")
+        if not 0.0 <= self.min_push_interval_s <= 60.0:
+            raise _fail(
+                "policy.min_push_interval_s", self.min_push_interval_s, "must be in [0, 60]"
+            )
+        for cls, arm in self.overrides.items():
+            key = f"policy.overrides.{cls}"
+            problem = validate_class_name(cls)
+            if problem is not None:
+                raise _fail(key, arm, problem)
+            try:
+                parse_arm(str(arm))
+            except ArmError as exc:
+                raise _fail(key, arm, str(exc)) from None
+
+
+@dataclass(frozen=True)
+class AdminConfig:
+    enabled: bool = False
+    token_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.token_file and not Path(self.token_file).is_file():
+            raise _fail("admin.token_file", self.token_file, "is not a readable file")
+
+    def read_token(self) -> str:
+        """The bearer token admin calls must carry, or "" when none is configured."""
+        if not self.token_file:
+            return ""
+        token = Path(self.token_file).read_text().strip()
+        if not token:
+            raise _fail("admin.token_file", self.token_file, "is empty")
+        return token
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    format: str = "auto"
+    level: str = "info"
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise _fail("log.format", self.format, f"must be one of {list(FORMATS)}")
+        if self.level not in LEVELS:
+            raise _fail("log.level", self.level, f"must be one of {list(LEVELS)}")
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    # The file it was loaded from, if any (watched for changes).
+    path: str = ""
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerConfig,
+    "policy": PolicyConfig,
+    "admin": AdminConfig,
+    "log": LogConfig,
+}
+
+
+def _coerce(key: str, value: Any, default: Any) -> Any:
+    """Check a value's type against the default's, converting where it is unambiguous."""
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        raise _fail(key, value, "must be true or false")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _fail(key, value, "must be an integer")
+    if isinstance(default, float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise _fail(key, value, "must be a number")
+    if isinstance(default, str):
+        if isinstance(value, str):
+            return value
+        raise _fail(key, value, "must be a string")
+    if isinstance(default, tuple):
+        if isinstance(value, list | tuple) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return tuple(value)
+        raise _fail(key, value, "must be a list of integers")
+    if isinstance(default, Mapping):
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise _fail(key, value, "must be a table")
+    return value
+
+
+def _parse_env_value(key: str, raw: str, default: Any) -> Any:
+    """Environment values are strings; non-string settings are read as TOML values."""
+    if isinstance(default, str):
+        return raw
+    text = raw.strip()
+    if isinstance(default, tuple) and not text.startswith("["):
+        text = f"[{text}]"
+    if isinstance(default, bool):
+        text = text.lower()
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise _fail(key, raw, "is not a valid value for this setting") from None
+
+
+def _name_first(item: tuple[str, Any]) -> bool:
+    return item[0] != "name"
+
+
+def _defaults(section: str) -> dict[str, Any]:
+    cls = SECTIONS[section]
+    return {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SidecarConfig:
+    """Defaults, then the TOML file at ``path``, then ``env``, then ``overrides``.
+
+    ``overrides`` maps "section.key" to a value (command-line flags).
+    ``env`` defaults to ``os.environ``; variables are SPECCTL_<SECTION>_<KEY>.
+    """
+    values: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    defaults = {s: _defaults(s) for s in SECTIONS}
+
+    params_for = PolicyConfig.name
+
+    def put(section: str, key: str, value: Any, where: str) -> None:
+        nonlocal params_for
+        if key not in defaults[section]:
+            raise ConfigError(
+                f"{where}: unknown key {section}.{key}; known: {sorted(defaults[section])}"
+            )
+        values[section][key] = _coerce(f"{section}.{key}", value, defaults[section][key])
+        if (section, key) == ("policy", "params"):
+            params_for = values["policy"].get("name", PolicyConfig.name)
+
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        for section, table in data.items():
+            if section in FOREIGN_SECTIONS:
+                continue
+            if section not in SECTIONS:
+                raise ConfigError(
+                    f"{path}: unknown section [{section}]; known: "
+                    f"{sorted(SECTIONS | dict.fromkeys(FOREIGN_SECTIONS))}"
+                )
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: {section} must be a table, not {table!r}")
+            for key, value in sorted(table.items(), key=_name_first):
+                put(section, key, value, str(path))
+
+    environ = os.environ if env is None else env
+    for name, raw in sorted(environ.items(), key=lambda kv: not kv[0].endswith("_NAME")):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        section, _, key = rest.partition("_")
+        if section not in SECTIONS:
+            continue
+        if key not in defaults[section]:
+            raise ConfigError(
+                f"{name}: unknown key {section}.{key}; known: {sorted(defaults[section])}"
+            )
+        put(section, key, _parse_env_value(name, raw, defaults[section][key]), name)
+
+    for dotted, value in sorted((overrides or {}).items(), key=lambda kv: kv[0] != "policy.name"):
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown setting {dotted!r}")
+        put(section, key, value, "command line")
+
+    # Parameters belong to the policy they were written for: a policy chosen in a
+    # later layer (environment, flags) without parameters starts from its defaults.
+    name = values["policy"].get("name", PolicyConfig.name)
+    if name != params_for:
+        values["policy"]["params"] = dict(_DEFAULT_PARAMS.get(name, {}))
+    try:
+        return SidecarConfig(
+            server=ServerConfig(**values["server"]),
+            policy=PolicyConfig(**values["policy"]),
+            admin=AdminConfig(**values["admin"]),
+            log=LogConfig(**values["log"]),
+            path=str(path) if path else "",
+        )
+    except TypeError as exc:  # pragma: no cover - keys are checked above
+        raise ConfigError(str(exc)) from None

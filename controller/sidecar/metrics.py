@@ -1,0 +1,152 @@
+"""The sidecar's Prometheus metrics, on a registry of their own.
+
+A dedicated :class:`CollectorRegistry` per server lets several sidecars run
+in one process (tests, the simulator). Names are a contract with the alert
+rules and dashboards: change them only together. Class labels are bounded by
+``policy.max_classes`` (the book folds the rest into the default class).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controller import __version__
+
+# Report arrival to policy updated: the static policy takes tens of microseconds.
+LATENCY_BUCKETS = (
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    0.1,
+    1.0,
+)
+
+
+class SidecarMetrics:
+    """Every metric the sidecar exports (``specctl_*``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.reports_received = Counter(
+            "specctl_reports_received", "Step reports received from engines.", registry=r
+        )
+        self.reports_rejected = Counter(
+            "specctl_reports_rejected",
+            "Step reports (and other engine messages) rejected, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.reports_dropped = Counter(
+            "specctl_reports_dropped",
+            "Step reports lost before reaching the sidecar: drops the engines reported "
+            "plus gaps in report sequence numbers.",
+            registry=r,
+        )
+        cd = ["workload_class", "drafter"]
+        self.request_rounds = Counter(
+            "specctl_request_rounds",
+            "Speculative request-rounds (one request in one step with a drafter).",
+            cd,
+            registry=r,
+        )
+        self.draft_tokens = Counter(
+            "specctl_draft_tokens", "Draft tokens verified by the target.", cd, registry=r
+        )
+        self.accepted_tokens = Counter(
+            "specctl_accepted_tokens", "Draft tokens accepted by the target.", cd, registry=r
+        )
+        self.accepted_tokens_per_position = Counter(
+            "specctl_accepted_tokens_per_position",
+            "Request-rounds that accepted at least `position` draft tokens.",
+            [*cd, "position"],
+            registry=r,
+        )
+        self.arm_rounds = Counter(
+            "specctl_arm_rounds",
+            "Request-rounds by the arm the engine applied (off included).",
+            ["workload_class", "arm"],
+            registry=r,
+        )
+        ctx = ["workload_class", "load_bucket"]
+        self.arm_probability = Gauge(
+            "specctl_arm_probability",
+            "Probability of each arm in the current policy.",
+            [*ctx, "arm"],
+            registry=r,
+        )
+        self.chosen_arm_goodput = Gauge(
+            "specctl_chosen_arm_goodput_tokens_per_second",
+            "Estimated goodput of the most likely arm (committed tokens per second).",
+            ctx,
+            registry=r,
+        )
+        self.no_spec_goodput = Gauge(
+            "specctl_no_spec_goodput_tokens_per_second",
+            "Estimated goodput without speculation (committed tokens per second).",
+            ctx,
+            registry=r,
+        )
+        self.speculation_off = Gauge(
+            "specctl_speculation_off",
+            "1 when the most likely arm of the context is off.",
+            ctx,
+            registry=r,
+        )
+        self.switch_offs = Counter(
+            "specctl_switch_offs",
+            "Times a context's most likely arm changed from a drafter to off.",
+            ["workload_class"],
+            registry=r,
+        )
+        self.probe_rounds = Counter(
+            "specctl_probe_rounds",
+            "Speculative request-rounds applied while the context's most likely arm is off.",
+            ["workload_class"],
+            registry=r,
+        )
+        self.engines_connected = Gauge(
+            "specctl_engines_connected", "Engines with an open stream.", registry=r
+        )
+        self.engines_in_fallback = Gauge(
+            "specctl_engines_in_fallback",
+            "Connected engines that report running their fallback arm.",
+            registry=r,
+        )
+        self.decision_age = Gauge(
+            "specctl_decision_age_seconds",
+            "Largest policy age reported by the connected engines.",
+            registry=r,
+        )
+        self.policy_version = Gauge(
+            "specctl_policy_version", "Version of the current policy.", registry=r
+        )
+        self.policy_pushes = Counter(
+            "specctl_policy_pushes", "Policies sent to engines.", registry=r
+        )
+        self.policy_update_latency = Histogram(
+            "specctl_policy_update_latency_seconds",
+            "From a report's arrival to the policy updated with it.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.classes = Gauge(
+            "specctl_classes", "Workload classes the policy keeps apart.", registry=r
+        )
+        self.class_overflow = Counter(
+            "specctl_class_overflow",
+            "Request rows whose class was folded into the default class (max_classes reached).",
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "specctl_build_info", "The running specctl version.", ["version"], registry=r
+        )
+        self.build_info.labels(version=__version__).set(1)

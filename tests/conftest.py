@@ -1,0 +1,63 @@
+"""Shared fixtures: a real sidecar, in-process, on a unix socket or on TCP loopback."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.sidecar.config import load_config
+from controller.sidecar.server import SidecarThread
+
+SidecarFactory = Callable[..., SidecarThread]
+
+
+@pytest.fixture
+def sidecar_factory() -> Iterator[SidecarFactory]:
+    """Start sidecars: ``factory(transport="unix"|"tcp", config_path=None, **settings)``.
+
+    ``settings`` are "section_key" keyword arguments (``policy_params={"arm": "off"}``),
+    applied like command-line flags. Each sidecar gets a free metrics port and is
+    stopped at the end of the test.
+    """
+    started: list[SidecarThread] = []
+    # Unix socket paths are limited to ~100 bytes: keep them out of pytest's deep tmp_path.
+    socket_dir = Path(tempfile.mkdtemp(prefix="specctl-"))
+
+    def factory(
+        transport: str = "unix", config_path: Path | None = None, **settings: Any
+    ) -> SidecarThread:
+        overrides: dict[str, Any] = {
+            "server.metrics_listen": "127.0.0.1:0",
+            "server.grace_period_s": 1.0,
+            "log.format": "json",
+        }
+        if transport == "unix":
+            overrides["server.listen"] = f"unix://{socket_dir}/sidecar-{len(started)}.sock"
+        else:
+            overrides["server.listen"] = "127.0.0.1:0"
+        for key, value in settings.items():
+            section, _, name = key.partition("_")
+            overrides[f"{section}.{name}"] = value
+        config = load_config(config_path, env={}, overrides=overrides)
+        sidecar = SidecarThread(config, flag_overrides=overrides).start()
+        started.append(sidecar)
+        return sidecar
+
+    yield factory
+    for sidecar in started:
+        sidecar.stop()
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def sidecar(sidecar_factory: SidecarFactory) -> SidecarThread:
+    """A sidecar on a unix socket with the default (static, off) policy.
+
+    ``.address`` is its gRPC target, ``.metrics_url`` its /metrics, ``.sidecar`` the server.
+    """
+    return sidecar_factory("unix")

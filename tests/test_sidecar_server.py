@@ -1,0 +1,169 @@
+"""The sidecar over real gRPC: unix socket and TCP, pushes, health, reflection, /metrics."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
+
+from controller.api import SERVICE_NAME, pb, pb_grpc
+from controller.sidecar.config import unix_socket_path
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_engine_gets_policy_and_a_new_version_for_a_new_class(sidecar_factory, transport) -> None:
+    sc = sidecar_factory(transport, policy_params={"arm": "ngram/k=4"})
+    assert sc.address.startswith("unix://") == (transport == "unix")
+    engine = ScriptedEngine(sc.address)
+    try:
+        engine.send(hello(drafters=[("ngram", 4)]))
+        first = engine.recv_policy()
+        assert first.policy_name == "static"
+        assert list(first.load_bucket_bounds) == [8, 32, 128]
+        default = [e for e in first.entries if e.workload_class == "default"]
+        assert len(default) == 4
+        assert all(list(e.arms) == ["ngram/k=4"] for e in default)
+
+        engine.send(report(1, workload_class="chat"))
+        pushed = engine.recv_policy(min_version=first.version + 1)
+        assert {e.workload_class for e in pushed.entries} == {"default", "chat"}
+        with grpc.insecure_channel(sc.address) as channel:
+            current = pb_grpc.SpecControllerStub(channel).GetPolicy(pb.GetPolicyRequest())
+        assert current.version == pushed.version
+    finally:
+        engine.close()
+
+
+def test_engine_without_the_drafter_gets_its_runnable_arms_only(sidecar_factory) -> None:
+    sc = sidecar_factory(policy_params={"arm": "ngram/k=4"})
+    engines = {name: ScriptedEngine(sc.address) for name in ("big", "small", "none")}
+    try:
+        engines["big"].send(hello("big", drafters=[("ngram", 4)]))
+        assert engines["big"].recv_policy().entries[0].arms == ["ngram/k=4"]
+        engines["small"].send(hello("small", drafters=[("ngram", 2)], fallback_arm="ngram/k=2"))
+        engines["none"].send(hello("none", drafters=[], fallback_arm="off"))
+        for name, arm in (("small", "ngram/k=2"), ("none", "off")):
+            policy = engines[name].recv_policy()
+            assert policy.fallback_arm == arm
+            assert {a for e in policy.entries for a in e.arms} == {arm}
+            assert all("not runnable here" in e.explanation for e in policy.entries)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def test_configuration_change_pushes_a_new_version(sidecar_factory, tmp_path: Path) -> None:
+    config = tmp_path / "specctl.toml"
+    config.write_text('[policy]\nname = "static"\nparams = { arm = "off" }\n')
+    sc = sidecar_factory(config_path=config)
+    engine = ScriptedEngine(sc.address)
+    try:
+        engine.send(hello(drafters=[("ngram", 4)]))
+        before = engine.recv_policy()
+        assert {a for e in before.entries for a in e.arms} == {"off"}
+
+        config.write_text(
+            '[policy]\nname = "static"\nparams = { arm = "ngram/k=3" }\n'
+            '[policy.overrides]\nsummarize = "off"\n'
+        )
+        st = config.stat()
+        os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+        after = engine.recv_policy(min_version=before.version + 1)
+        by_class = {(e.workload_class, e.load_bucket): list(e.arms) for e in after.entries}
+        assert by_class[("default", 0)] == ["ngram/k=3"]
+        assert by_class[("summarize", 0)] == ["off"]
+        assert (
+            "operator"
+            in next(e for e in after.entries if e.workload_class == "summarize").explanation
+        )
+    finally:
+        engine.close()
+
+
+def test_invalid_configuration_change_keeps_the_running_policy(sidecar_factory, tmp_path) -> None:
+    config = tmp_path / "specctl.toml"
+    config.write_text('[policy]\nparams = { arm = "off" }\n')
+    sc = sidecar_factory(config_path=config)
+    config.write_text('[policy]\nparams = { arm = "bogus" }\n')
+    assert sc.run(sc.sidecar.reload_config) is False
+    assert sc.sidecar.config.policy.params == {"arm": "off"}
+
+
+def test_health_serving_and_reflection_lists_the_service(sidecar) -> None:
+    with grpc.insecure_channel(sidecar.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = reflection.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"specctl.v1.SpecController", "specctl.v1.SpecControllerAdmin"} <= names
+
+
+def test_unix_socket_is_private_to_the_owner(sidecar) -> None:
+    mode = os.stat(unix_socket_path(sidecar.address)).st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
+
+
+def test_metrics_count_reports_and_sessions_go_away(sidecar_factory) -> None:
+    sc = sidecar_factory(policy_params={"arm": "ngram/k=4"})
+    engine = ScriptedEngine(sc.address)
+    engine.send(hello())
+    first = engine.recv_policy()
+    engine.send(
+        report(1, arms=["ngram/k=4", "ngram/k=4", "off"], drafted=[4, 4, 0], accepted=[4, 1, 0])
+    )
+    engine.send(report(4))  # reports 2 and 3 were lost
+    engine.send(
+        pb.EngineStatus(
+            in_fallback=True,
+            fallback_reason="test",
+            reports_dropped_total=5,
+            policy_age_s=7.5,
+            policy_version=first.version,
+        )
+    )
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] == 2)
+    m = scrape(sc.metrics_url)
+    labels = 'drafter="ngram",workload_class="chat"'
+    assert m[f"specctl_request_rounds_total{{{labels}}}"] == 3
+    assert m[f"specctl_draft_tokens_total{{{labels}}}"] == 12
+    assert m[f"specctl_accepted_tokens_total{{{labels}}}"] == 8
+    per_position = [
+        m[
+            f'specctl_accepted_tokens_per_position_total{{drafter="ngram",position="{p}",workload_class="chat"}}'
+        ]
+        for p in (1, 2, 3, 4)
+    ]
+    assert per_position == [3, 2, 2, 1]  # accepted 4, 1 and 3
+    assert m['specctl_arm_rounds_total{arm="off",workload_class="chat"}'] == 2
+    assert m['specctl_arm_rounds_total{arm="ngram/k=4",workload_class="chat"}'] == 3
+    assert m['specctl_arm_probability{arm="ngram/k=4",load_bucket="0",workload_class="chat"}'] == 1
+    assert m['specctl_speculation_off{load_bucket="0",workload_class="chat"}'] == 0
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_engines_in_fallback"] == 1)
+    m = scrape(sc.metrics_url)
+    assert m["specctl_reports_dropped_total"] == 2 + 5
+    assert m["specctl_decision_age_seconds"] == 7.5
+    assert m["specctl_engines_connected"] == 1
+    assert m["specctl_classes"] == 2
+    assert m["specctl_policy_update_latency_seconds_count"] == 2
+    assert m['specctl_build_info{version="0.1.0"}'] == 1
+
+    # the first policy, then the one with class "chat"
+    assert engine.recv_policy(min_version=first.version + 1).version > first.version
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_policy_pushes_total"] == 2)
+
+    engine.close()
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_engines_connected"] == 0)
+    assert scrape(sc.metrics_url)["specctl_engines_in_fallback"] == 0
+    assert sc.run(lambda: len(sc.sidecar.sessions)) == 0
