@@ -1,0 +1,243 @@
+"""Append-only, crash-safe decision log writer: a sink for validated step batches.
+
+Every flush becomes a complete Parquet file (a *segment*) written under a
+temporary name, fsynced and atomically renamed into the log directory, so a
+file that carries the log's name is always whole: a killed process loses at
+most the rows buffered since the last flush and never leaves a file that
+cannot be read. Segments are merged into larger files when they reach
+``rotate_bytes`` or ``rotate_interval_s`` (rotation); a merged file is named
+after the range of segments it covers, and readers ignore segments a merged
+file covers, so a crash between writing the merged file and deleting its
+segments duplicates nothing.
+
+File names: ``decisions-<first>-<last>.parquet`` with zero-padded segment
+numbers (``first == last`` for a single segment). One writer per directory,
+enforced with an advisory lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+from prometheus_client import Counter
+
+from controller.decisionlog.schema import SCHEMA, batch_to_table
+from controller.steps import StepBatch
+
+log = structlog.get_logger(__name__)
+
+FILE_RE = re.compile(r"^decisions-(?P<first>[0-9]{10})-(?P<last>[0-9]{10})\.parquet$")
+LOCK_NAME = ".lock"
+
+ROWS_WRITTEN = Counter(
+    "specctl_decision_log_rows_total", "Decision log rows durably written to a segment."
+)
+SEGMENTS_WRITTEN = Counter(
+    "specctl_decision_log_segments_total", "Decision log segment files written."
+)
+ROWS_DROPPED = Counter(
+    "specctl_decision_log_dropped_rows_total",
+    "Decision log rows dropped, by reason (buffer_full: the disk could not keep up; "
+    "write_error: a flush failed).",
+    ["reason"],
+)
+
+
+def file_name(first: int, last: int) -> str:
+    return f"decisions-{first:010d}-{last:010d}.parquet"
+
+
+@dataclass(frozen=True)
+class DecisionLogConfig:
+    """Where and how often the decision log is written."""
+
+    directory: Path
+    # A flush writes the rows buffered so far as one segment.
+    flush_interval_s: float = 1.0
+    flush_rows: int = 65_536
+    # Segments are merged into one file once they hold this many bytes or this much time.
+    rotate_bytes: int = 64 * 1024 * 1024
+    rotate_interval_s: float = 600.0
+    # Beyond this many buffered rows, new rows are dropped (and counted): the
+    # controller never waits on the disk.
+    max_buffered_rows: int = 4_000_000
+    compression: str = "zstd"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "directory", Path(self.directory))
+        if not self.flush_interval_s > 0:
+            raise ValueError(f"flush_interval_s={self.flush_interval_s} must be positive")
+        for name in ("flush_rows", "rotate_bytes", "max_buffered_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if not self.rotate_interval_s > 0:
+            raise ValueError(f"rotate_interval_s={self.rotate_interval_s} must be positive")
+
+
+@dataclass
+class _Segment:
+    number: int
+    path: Path
+    size: int
+    created_monotonic: float = field(default_factory=time.monotonic)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(table: pa.Table, path: Path, compression: str = "zstd") -> int:
+    """Write ``table`` to ``path`` so that ``path`` is either absent or complete; return bytes."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression=compression)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return path.stat().st_size
+
+
+class DecisionLogWriter:
+    """Buffers rows from :meth:`__call__` and writes them from a background thread.
+
+    Plug an instance into the sidecar's policy book as a sink; call
+    :meth:`close` on shutdown to flush and merge what is pending.
+    """
+
+    def __init__(self, config: DecisionLogConfig) -> None:
+        self.config = config
+        directory = config.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(directory / LOCK_NAME, "a")  # held until close
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise RuntimeError(
+                f"decision log directory {directory} is in use by another writer"
+            ) from None
+        last = 0
+        for entry in directory.iterdir():
+            if entry.name.endswith(".tmp"):
+                entry.unlink()  # a flush that a crash interrupted: never renamed, never read
+                continue
+            m = FILE_RE.match(entry.name)
+            if m:
+                last = max(last, int(m.group("last")))
+        self._next_number = last + 1
+        self._buffer: list[pa.Table] = []
+        self._buffered_rows = 0
+        self._pending: list[_Segment] = []
+        self._buffer_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.rows_written = 0
+        self.rows_dropped = 0
+        self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
+        self._thread.start()
+        log.info("decision_log_open", directory=str(directory), next_segment=self._next_number)
+
+    def __call__(self, batch: StepBatch) -> None:
+        """Buffer a validated batch; cheap, never blocks on the disk."""
+        if batch.num_rows == 0:
+            return
+        table = batch_to_table(batch)
+        with self._buffer_lock:
+            if self._buffered_rows + table.num_rows > self.config.max_buffered_rows:
+                self.rows_dropped += table.num_rows
+                ROWS_DROPPED.labels("buffer_full").inc(table.num_rows)
+                return
+            self._buffer.append(table)
+            self._buffered_rows += table.num_rows
+            full = self._buffered_rows >= self.config.flush_rows
+        if full:
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Write what is buffered as one segment, then rotate if due."""
+        with self._write_lock:
+            with self._buffer_lock:
+                tables, self._buffer = self._buffer, []
+                rows, self._buffered_rows = self._buffered_rows, 0
+            if tables:
+                number = self._next_number
+                path = self.config.directory / file_name(number, number)
+                try:
+                    size = write_atomically(pa.concat_tables(tables), path, self.config.compression)
+                except OSError as exc:
+                    self.rows_dropped += rows
+                    ROWS_DROPPED.labels("write_error").inc(rows)
+                    log.error(
+                        "decision_log_write_failed", path=str(path), rows=rows, error=str(exc)
+                    )
+                    return
+                self._next_number += 1
+                self._pending.append(_Segment(number, path, size))
+                self.rows_written += rows
+                ROWS_WRITTEN.inc(rows)
+                SEGMENTS_WRITTEN.inc()
+            self._rotate_if_due(force=False)
+
+    def _rotate_if_due(self, *, force: bool) -> None:
+        if len(self._pending) < 2:
+            return
+        size = sum(s.size for s in self._pending)
+        age = time.monotonic() - self._pending[0].created_monotonic
+        if not (force or size >= self.config.rotate_bytes or age >= self.config.rotate_interval_s):
+            return
+        segments, first, last = self._pending, self._pending[0].number, self._pending[-1].number
+        path = self.config.directory / file_name(first, last)
+        try:
+            table = pa.concat_tables(pq.read_table(s.path, schema=SCHEMA) for s in segments)
+            write_atomically(table, path, self.config.compression)
+        except (OSError, pa.ArrowException) as exc:
+            # The segments stay readable as they are; try again at the next flush.
+            log.error("decision_log_rotate_failed", path=str(path), error=str(exc))
+            return
+        for s in segments:
+            s.path.unlink(missing_ok=True)
+        _fsync_dir(self.config.directory)
+        self._pending = []
+        log.info("decision_log_rotated", path=str(path), segments=len(segments))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.flush_interval_s)
+            self._wake.clear()
+            try:
+                self.flush()
+            except Exception:  # the log must never take the controller down
+                log.exception("decision_log_flush_failed")
+
+    def close(self) -> None:
+        """Flush, merge pending segments into one file, release the directory."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self.flush()
+        with self._write_lock:
+            self._rotate_if_due(force=True)
+        fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+        self._lock_file.close()
+        log.info("decision_log_closed", rows_written=self.rows_written, dropped=self.rows_dropped)
+
+    def __enter__(self) -> DecisionLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

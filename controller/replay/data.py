@@ -1,0 +1,260 @@
+"""A decision log prepared for estimation: numpy columns grouped into units and steps.
+
+The unit of evaluation is a *step-context*: the rows of one (engine, step,
+workload class) that ran one arm. All of them came from a single draw of the
+engine's sampler, so they share one importance weight, and estimators weight
+each unit once with its rows' rewards summed. Rows of a unit are adjacent in
+the log (the writer groups them); a unit is a run of rows with the same
+engine, step, time, class, bucket and arm.
+
+Rewards, per request-round (one row):
+
+- ``tokens``: committed tokens, accepted + 1;
+- ``seconds``: the row's share of its step's wall time, the step time split in
+  proportion to the fitted cost of each row (:mod:`controller.replay.cost`),
+  so the shares of a step add up to its measured time.
+
+Goodput (committed tokens per second of engine time) is a ratio of the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from controller.arms import OFF, Arm, parse_arm
+from controller.decisionlog.reader import dictionary_codes
+from controller.replay.cost import StepCostModel, fit_step_cost
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class LoggedRounds:
+    """Rows, units and steps of a log as arrays; see the module docstring."""
+
+    classes: tuple[str, ...]
+    engines: tuple[str, ...]
+    drafters: tuple[str, ...]
+    # Every arm the log can say something about: ``off``, each logged arm and,
+    # for each logged drafter, every shorter K. Index = arm code.
+    arms: tuple[Arm, ...]
+    num_buckets: int
+    # contexts (class, bucket) present in the log, index = context code
+    context_class: IntArray
+    context_bucket: IntArray
+    # steps, length S
+    step_time_s: FloatArray
+    step_end_unix_s: FloatArray
+    step_bucket: IntArray
+    step_rows: FloatArray
+    step_drafted: FloatArray  # (S, drafters)
+    step_engine: IntArray
+    step_index: IntArray
+    step_batch_size: IntArray
+    step_scheduled_tokens: IntArray
+    # units, length U (a unit's rows are rows[unit_start[u]:unit_start[u] + unit_rows[u]])
+    unit_start: IntArray
+    unit_step: IntArray
+    unit_context: IntArray
+    unit_class: IntArray
+    unit_arm: IntArray
+    unit_drafter: IntArray  # -1 for off
+    unit_k: IntArray
+    unit_propensity: FloatArray
+    unit_rows: FloatArray
+    unit_tokens: FloatArray
+    unit_seconds: FloatArray
+    # What each unit would have yielded at a shorter proposal length k (column k,
+    # for k <= unit_k; zero elsewhere): tokens sum(min(accepted, k) + 1) and
+    # drafts sum(min(drafted, k)). Exact when a shorter proposal is a prefix of
+    # the longer one (n-gram, draft models, MTP) and verification is greedy.
+    unit_tokens_at_k: FloatArray
+    unit_drafted_at_k: FloatArray
+    # rows, length R
+    row_drafted: IntArray
+    row_accepted: IntArray
+    row_seconds: FloatArray
+    row_unit: IntArray
+    cost: StepCostModel
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_drafted.shape[0])
+
+    @property
+    def num_units(self) -> int:
+        return int(self.unit_step.shape[0])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.step_time_s.shape[0])
+
+    @property
+    def num_contexts(self) -> int:
+        return int(self.context_class.shape[0])
+
+    @property
+    def max_k(self) -> int:
+        return max((a.k for a in self.arms), default=0)
+
+    def arm_code(self, arm: Arm) -> int | None:
+        try:
+            return self.arms.index(arm)
+        except ValueError:
+            return None
+
+    def context_name(self, context: int) -> tuple[str, int]:
+        return self.classes[int(self.context_class[context])], int(self.context_bucket[context])
+
+    def context_inverse_rows(self, step_weights: FloatArray | None = None) -> FloatArray:
+        """Mean of 1/rows-in-step over the rows of each context (a row's share of the intercept)."""
+        w = (
+            self.unit_rows
+            if step_weights is None
+            else self.unit_rows * step_weights[self.unit_step]
+        )
+        inv = w / self.step_rows[self.unit_step]
+        num = np.bincount(self.unit_context, weights=inv, minlength=self.num_contexts)
+        den = np.bincount(self.unit_context, weights=w, minlength=self.num_contexts)
+        return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+
+
+def _runs(*keys: np.ndarray) -> IntArray:
+    """Start index of each run of equal consecutive keys."""
+    n = keys[0].shape[0]
+    change = np.zeros(n, dtype=bool)
+    if n:
+        change[0] = True
+    for k in keys:
+        change[1:] |= k[1:] != k[:-1]
+    return np.flatnonzero(change).astype(np.int64)
+
+
+def prepare(table: pa.Table) -> LoggedRounds:
+    """Group a checked decision-log table (see :func:`read_decision_log`) into units and steps."""
+    if table.num_rows == 0:
+        raise ValueError("the decision log has no rows to evaluate")
+    engine, engines = dictionary_codes(table.column("engine_id"))
+    cls, classes = dictionary_codes(table.column("workload_class"))
+    arm_code, arm_names = dictionary_codes(table.column("arm"))
+
+    def col(name: str) -> np.ndarray:
+        return table.column(name).to_numpy()
+
+    time_unix = col("time_unix_s")
+    step_index = col("step_index").astype(np.int64)
+    bucket = col("load_bucket").astype(np.int64)
+    drafted = col("drafted").astype(np.int64)
+    accepted = col("accepted").astype(np.int64)
+    step_time = col("step_time_s")
+
+    logged_arms = [parse_arm(a) for a in arm_names]
+    drafters = tuple(sorted({a.drafter for a in logged_arms if not a.is_off}))
+    max_k = {d: max(a.k for a in logged_arms if a.drafter == d) for d in drafters}
+    universe = [OFF] + [Arm(d, k) for d in drafters for k in range(1, max_k[d] + 1)]
+    to_universe = np.asarray([universe.index(a) for a in logged_arms], dtype=np.int64)
+    drafter_of = np.asarray(
+        [-1 if a.is_off else drafters.index(a.drafter) for a in universe], dtype=np.int64
+    )
+    k_of = np.asarray([a.k for a in universe], dtype=np.int64)
+    row_arm = to_universe[arm_code]
+
+    step_start = _runs(engine, step_index, time_unix)
+    unit_start = _runs(engine, step_index, time_unix, cls, bucket, row_arm)
+    n_rows = table.num_rows
+    marks = np.zeros(n_rows, dtype=np.int64)
+    marks[step_start] = 1
+    step_of_row = np.cumsum(marks) - 1
+    unit_step = step_of_row[unit_start]
+    unit_rows = np.diff(np.append(unit_start, n_rows)).astype(np.float64)
+    step_rows = np.diff(np.append(step_start, n_rows)).astype(np.float64)
+    num_buckets = int(bucket.max()) + 1
+
+    row_drafter = drafter_of[row_arm]
+    s = step_start.shape[0]
+    nd = max(len(drafters), 1)
+    step_drafted: FloatArray = np.zeros((s, len(drafters)))
+    if drafters:
+        has = row_drafter >= 0
+        sums = np.bincount(
+            step_of_row[has] * nd + row_drafter[has],
+            weights=drafted[has].astype(np.float64),
+            minlength=s * nd,
+        )
+        step_drafted = sums.astype(np.float64).reshape(s, nd)[:, : len(drafters)]
+    s_bucket = bucket[step_start]
+    s_time = step_time[step_start]
+    cost = fit_step_cost(s_bucket, s_time, step_rows, step_drafted, num_buckets)
+
+    # Split each step's time across its rows in proportion to each row's fitted cost.
+    row_bucket = bucket
+    row_cost = cost.intercept[row_bucket] / step_rows[step_of_row] + cost.per_row[row_bucket]
+    if drafters:
+        per_draft = cost.per_draft[row_bucket, np.maximum(row_drafter, 0)]
+        row_cost = row_cost + np.where(row_drafter >= 0, per_draft * drafted, 0.0)
+    predicted = np.add.reduceat(row_cost, step_start)
+    ok = predicted > 0.0
+    scale = np.where(ok, s_time / np.where(ok, predicted, 1.0), 0.0)
+    row_seconds = np.where(
+        ok[step_of_row], row_cost * scale[step_of_row], s_time[step_of_row] / step_rows[step_of_row]
+    )
+
+    unit_cls = cls[unit_start]
+    unit_bucket = bucket[unit_start]
+    ctx_key = unit_cls * num_buckets + unit_bucket
+    ctx_keys, unit_context = np.unique(ctx_key, return_inverse=True)
+    unit_arm = row_arm[unit_start]
+    top = max(k_of.max(initial=0), 0)
+    tokens_at_k = np.zeros((unit_start.shape[0], top + 1))
+    drafted_at_k = np.zeros((unit_start.shape[0], top + 1))
+    unit_k = k_of[unit_arm]
+    for k in range(1, top + 1):
+        live = unit_k >= k
+        tokens_at_k[:, k] = np.where(
+            live, np.add.reduceat(np.minimum(accepted, k) + 1.0, unit_start), 0.0
+        )
+        drafted_at_k[:, k] = np.where(
+            live, np.add.reduceat(np.minimum(drafted, k).astype(np.float64), unit_start), 0.0
+        )
+    row_unit = np.repeat(np.arange(unit_start.shape[0]), unit_rows.astype(np.int64))
+    return LoggedRounds(
+        classes=tuple(classes),
+        engines=tuple(engines),
+        drafters=drafters,
+        arms=tuple(universe),
+        num_buckets=num_buckets,
+        context_class=(ctx_keys // num_buckets).astype(np.int64),
+        context_bucket=(ctx_keys % num_buckets).astype(np.int64),
+        step_time_s=s_time,
+        step_end_unix_s=time_unix[step_start],
+        step_bucket=s_bucket,
+        step_rows=step_rows,
+        step_drafted=step_drafted,
+        step_engine=engine[step_start],
+        step_index=step_index[step_start],
+        step_batch_size=col("batch_size").astype(np.int64)[step_start],
+        step_scheduled_tokens=col("num_scheduled_tokens").astype(np.int64)[step_start],
+        unit_start=unit_start,
+        unit_step=unit_step,
+        unit_context=unit_context.astype(np.int64),
+        unit_class=unit_cls,
+        unit_arm=unit_arm,
+        unit_drafter=drafter_of[unit_arm],
+        unit_k=unit_k,
+        unit_propensity=col("propensity")[unit_start],
+        unit_rows=unit_rows,
+        unit_tokens=np.add.reduceat((accepted + 1).astype(np.float64), unit_start),
+        unit_seconds=np.add.reduceat(row_seconds, unit_start),
+        unit_tokens_at_k=tokens_at_k,
+        unit_drafted_at_k=drafted_at_k,
+        row_drafted=drafted,
+        row_accepted=accepted,
+        row_seconds=row_seconds,
+        row_unit=row_unit,
+        cost=cost,
+    )

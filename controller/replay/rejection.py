@@ -1,0 +1,219 @@
+"""Rejection-sampling replay (Li et al. 2011) for policies that learn as they go.
+
+The log is walked in time order. Each logged step-context is *accepted* with
+probability ``pi(logged arm | context) / (M * propensity)``, where ``pi`` is
+the candidate's distribution at that moment and ``M = 1 / min propensity``
+bounds the weights, so accepted rounds are distributed as if the candidate had
+chosen them; the candidate then learns from what it accepted
+(``update_params``), as it would in the sidecar. The candidate's distribution
+is refreshed every ``update_every_steps`` logged steps, like a policy push.
+
+Unbiased for any policy, adaptive or not, as long as the log gave every arm it
+plays a positive propensity; it uses about ``1/M`` of the log per unit of
+probability, so it needs large logs and says how many rounds it accepted.
+Intervals are a bootstrap over accepted rounds: they do not include the
+variability of the candidate's own learning path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.policy.base import Policy
+from controller.replay.data import LoggedRounds
+from controller.replay.estimators import SCOPE_ALL, IntervalEstimate, PolicyValue, scopes
+from controller.steps import StepBatch
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def candidate_action_dist(data: LoggedRounds, policy: Policy) -> FloatArray:
+    """The policy's distribution over ``data.arms`` in every logged context."""
+    dist = np.zeros((data.num_contexts, len(data.arms)))
+    for x in range(data.num_contexts):
+        workload_class, bucket = data.context_name(x)
+        decision = policy.select_action(workload_class, bucket)
+        for arm, p in zip(decision.arms, decision.probabilities, strict=True):
+            if p <= 0.0:
+                continue
+            code = data.arm_code(arm)
+            if code is None:
+                raise ValueError(
+                    f"policy {policy.policy_name!r} plays {arm.name} with P={p:.3g} in "
+                    f"({workload_class}, bucket {bucket}), which the log cannot evaluate "
+                    f"(arms it can: {', '.join(a.name for a in data.arms)})"
+                )
+            dist[x, code] += p
+    return dist
+
+
+def _rows_of(data: LoggedRounds, units: IntArray) -> IntArray:
+    """Row indices of ``units``, in order."""
+    counts = data.unit_rows[units].astype(np.int64)
+    starts = np.repeat(data.unit_start[units], counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + offsets
+
+
+def _batch_of(
+    data: LoggedRounds, units: IntArray, propensity: FloatArray, sequence: int
+) -> list[StepBatch]:
+    """What the candidate would have seen: the accepted rounds as step batches, per engine.
+
+    A step carries only its accepted rows, with their share of the step's time.
+    """
+    batches = []
+    for engine in np.unique(data.step_engine[data.unit_step[units]]):
+        mine = units[data.step_engine[data.unit_step[units]] == engine]
+        steps, step_pos = np.unique(data.unit_step[mine], return_inverse=True)
+        rows = _rows_of(data, mine)
+        row_unit_pos = np.repeat(np.arange(mine.shape[0]), data.unit_rows[mine].astype(np.int64))
+        request_step = step_pos[row_unit_pos]
+        num_requests = np.bincount(request_step, minlength=steps.shape[0]).astype(np.int64)
+        step_time = np.bincount(request_step, weights=data.row_seconds[rows], minlength=len(steps))
+        arm_index = data.unit_arm[mine][row_unit_pos]
+        batches.append(
+            StepBatch(
+                engine_id=data.engines[int(engine)],
+                sequence=sequence,
+                step_index=data.step_index[steps],
+                step_time_s=np.maximum(step_time, 1e-9),
+                batch_size=data.step_batch_size[steps],
+                num_scheduled_tokens=data.step_scheduled_tokens[steps],
+                policy_version=np.zeros(steps.shape[0], dtype=np.int64),
+                load_bucket=data.step_bucket[steps],
+                num_requests=num_requests,
+                step_end_unix_s=data.step_end_unix_s[steps],
+                classes=data.classes,
+                arms=data.arms,
+                request_step=request_step.astype(np.int64),
+                class_index=data.unit_class[mine][row_unit_pos],
+                arm_index=arm_index,
+                propensity=propensity[np.searchsorted(units, mine)][row_unit_pos],
+                drafted=data.row_drafted[rows],
+                accepted=data.row_accepted[rows],
+                arm_k=np.asarray([a.k for a in data.arms], dtype=np.int64)[arm_index],
+            )
+        )
+    return batches
+
+
+@dataclass(frozen=True)
+class RejectionReplay:
+    """Replay an adaptive candidate against the log; see the module docstring."""
+
+    update_every_steps: int = 64
+    estimator_name: str = field(init=False, default="replay")
+
+    def __post_init__(self) -> None:
+        if self.update_every_steps < 1:
+            raise ValueError(f"update_every_steps={self.update_every_steps} must be at least 1")
+
+    def accepted_units(
+        self,
+        data: LoggedRounds,
+        make_policy: Callable[[], Policy],
+        *,
+        random_state: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> IntArray:
+        """Replay the log through a fresh policy; the accepted units, in time order."""
+        policy = make_policy()
+        policy.set_arms(data.arms)
+        rng = np.random.default_rng(random_state)
+        scale = float(data.unit_propensity.min())  # 1 / M
+        step_order = np.argsort(data.step_end_unix_s, kind="stable")
+        step_rank = np.empty_like(step_order)
+        step_rank[step_order] = np.arange(step_order.shape[0])
+        unit_rank = step_rank[data.unit_step]
+        unit_order = np.argsort(unit_rank, kind="stable")
+        chunk_of_unit = unit_rank[unit_order] // self.update_every_steps
+        bounds = np.flatnonzero(np.r_[True, chunk_of_unit[1:] != chunk_of_unit[:-1], True])
+        accepted: list[IntArray] = []
+        for n, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+            units = unit_order[lo:hi]
+            dist = candidate_action_dist(data, policy)
+            pi = dist[data.unit_context[units], data.unit_arm[units]]
+            keep = rng.random(units.shape[0]) * data.unit_propensity[units] < pi * scale
+            if keep.any():
+                taken = np.sort(units[keep])
+                accepted.append(taken)
+                taken_pi = dist[data.unit_context[taken], data.unit_arm[taken]]
+                for batch in _batch_of(data, taken, taken_pi, n):
+                    policy.update_params(batch)
+            if progress is not None:
+                progress(int(hi - lo))
+        return np.concatenate(accepted) if accepted else np.zeros(0, dtype=np.int64)
+
+    def estimate_interval(
+        self,
+        data: LoggedRounds,
+        make_policy: Callable[[], Policy],
+        *,
+        alpha: float = 0.05,
+        n_bootstrap_samples: int = 200,
+        random_state: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, IntervalEstimate]:
+        units = self.accepted_units(data, make_policy, random_state=random_state, progress=progress)
+        rng = np.random.default_rng(None if random_state is None else random_state + 1)
+        cls = data.unit_class[units]
+        terms = np.column_stack(
+            [data.unit_tokens[units], data.unit_seconds[units], data.unit_rows[units]]
+        )
+
+        def value(c: FloatArray) -> FloatArray:
+            out = np.full((1 + len(data.classes), 3), 0.0)
+            out[0] = (terms * c[:, None]).sum(axis=0)
+            for j in range(3):
+                out[1:, j] = np.bincount(cls, weights=terms[:, j] * c, minlength=len(data.classes))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.column_stack([out[:, 0] / out[:, 2], out[:, 1] / out[:, 2]])
+
+        point = value(np.ones(units.shape[0]))
+        reps = np.stack(
+            [
+                value(np.asarray(rng.poisson(1.0, units.shape[0]), dtype=np.float64))
+                for _ in range(n_bootstrap_samples)
+            ]
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            goodput = reps[:, :, 0] / reps[:, :, 1]
+        counts = np.zeros(1 + len(data.classes))
+        counts[0] = units.shape[0]
+        counts[1:] = np.bincount(cls, minlength=len(data.classes))
+        rounds = np.zeros(1 + len(data.classes))
+        rounds[0] = data.unit_rows.sum()
+        rounds[1:] = np.bincount(
+            data.unit_class, weights=data.unit_rows, minlength=len(data.classes)
+        )
+
+        def q(x: FloatArray, lo: bool) -> float:
+            x = x[np.isfinite(x)]
+            if not x.size:
+                return float("nan")
+            return float(np.quantile(x, alpha / 2 if lo else 1 - alpha / 2))
+
+        out = {}
+        for i, scope in enumerate(scopes(data)):
+            out[scope] = IntervalEstimate(
+                value=PolicyValue(float(point[i, 0]), float(point[i, 1])),
+                goodput_low=q(goodput[:, i], True),
+                goodput_high=q(goodput[:, i], False),
+                tokens_low=q(reps[:, i, 0], True),
+                tokens_high=q(reps[:, i, 0], False),
+                seconds_low=q(reps[:, i, 1], True),
+                seconds_high=q(reps[:, i, 1], False),
+                rounds=float(rounds[i]),
+                effective_sample_size=float(counts[i]),
+                notes=(f"accepted {int(counts[i])} of the log's step-contexts",)
+                if scope == SCOPE_ALL
+                else (),
+            )
+        return out
