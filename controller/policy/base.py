@@ -96,7 +96,9 @@ class Policy(abc.ABC):
         """The distribution to run in this context from the next step."""
 
     def evidence(self, workload_class: str, load_bucket: int) -> Evidence:
-        return Evidence(workload_class, load_bucket)
+        """What the decision rests on; by default only the decision's explanation."""
+        decision = self.select_action(workload_class, load_bucket)
+        return Evidence(workload_class, load_bucket, explanation=decision.explanation)
 
     def reset_class(self, workload_class: str) -> None:  # noqa: B027 - optional hook
         """Forget what was learned for a class."""

@@ -6,8 +6,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller.arms import parse_arm
+from controller.policy.banditspec_ucb import make_banditspec_ucb
 from controller.policy.base import Policy
+from controller.policy.epsilon_greedy import make_epsilon_greedy
+from controller.policy.sglang_ema import make_sglang_ema
 from controller.policy.static import StaticPolicy
+from controller.policy.thompson import make_specctl
+from controller.policy.trtllm_threshold import make_trtllm_threshold
+from controller.policy.vllm_table import make_vllm_batch_table
 
 
 def _static(params: Mapping[str, Any]) -> Policy:
@@ -22,7 +28,16 @@ def _static(params: Mapping[str, Any]) -> Policy:
 # name -> factory(params). Each factory validates its own parameters.
 POLICIES: dict[str, Callable[[Mapping[str, Any]], Policy]] = {
     "static": _static,
+    "specctl": make_specctl,
+    "vllm-batch-table": make_vllm_batch_table,
+    "sglang-ema": make_sglang_ema,
+    "banditspec-ucb": make_banditspec_ucb,
+    "trtllm-threshold": make_trtllm_threshold,
+    "epsilon-greedy": make_epsilon_greedy,
 }
+
+# The policy the sidecar runs unless configured otherwise.
+DEFAULT_POLICY = "specctl"
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

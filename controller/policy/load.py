@@ -1,0 +1,70 @@
+"""What a load bucket looks like: its typical batch size and prefill tokens per step.
+
+A decision is made per load bucket, but costs and batch-size tables speak in
+batch sizes. Each bucket's representative batch size is the discounted mean
+of the batch sizes its steps actually had, starting from the middle of the
+bucket's range (twice the last bound for the open-ended last bucket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from controller.steps import StepBatch
+
+
+def prior_batch_sizes(bounds: Sequence[int]) -> np.ndarray:
+    """Middle of each bucket's range; the last bucket (above every bound) gets 2x its bound."""
+    lows = [1, *(b + 1 for b in bounds)]
+    highs = [*bounds, 2 * bounds[-1]]
+    return np.array([(lo + hi) / 2.0 for lo, hi in zip(lows, highs, strict=True)])
+
+
+class BucketLoad:
+    """Discounted mean batch size and non-decode tokens per step, per load bucket."""
+
+    # weight of the prior batch size, in steps
+    PRIOR_STEPS = 1.0
+
+    def __init__(self, bounds: Sequence[int], discount: float) -> None:
+        self.bounds = tuple(bounds)
+        self.discount = discount
+        self.num_buckets = len(self.bounds) + 1
+        self.prior = prior_batch_sizes(self.bounds)
+        self.steps = np.zeros(self.num_buckets)
+        self.batch_sum = np.zeros(self.num_buckets)
+        self.extra_tokens_sum = np.zeros(self.num_buckets)
+
+    def update(self, batch: StepBatch, decode_tokens: np.ndarray) -> np.ndarray:
+        """Learn from ``batch``; ``decode_tokens[i]`` is 1 + drafted summed over step i's rows.
+
+        Returns the number of steps per bucket in the batch (for the caller's decay).
+        """
+        nb = self.num_buckets
+        bucket = np.minimum(batch.load_bucket, nb - 1)
+        n = np.bincount(bucket, minlength=nb).astype(np.float64)
+        decay = self.discount**n
+        extra = np.maximum(batch.num_scheduled_tokens - decode_tokens, 0).astype(np.float64)
+        self.steps = self.steps * decay + n
+        self.batch_sum = self.batch_sum * decay + np.bincount(
+            bucket, weights=batch.batch_size.astype(np.float64), minlength=nb
+        )
+        self.extra_tokens_sum = self.extra_tokens_sum * decay + np.bincount(
+            bucket, weights=extra, minlength=nb
+        )
+        return n
+
+    def batch_size(self, bucket: int) -> float:
+        w = self.PRIOR_STEPS
+        return float((self.batch_sum[bucket] + w * self.prior[bucket]) / (self.steps[bucket] + w))
+
+    def extra_tokens(self, bucket: int) -> float:
+        """Mean tokens per step that are not decode tokens (prefill chunks)."""
+        return float(self.extra_tokens_sum[bucket] / (self.steps[bucket] + self.PRIOR_STEPS))
+
+    def reset(self) -> None:
+        self.steps[:] = 0.0
+        self.batch_sum[:] = 0.0
+        self.extra_tokens_sum[:] = 0.0

@@ -1,0 +1,624 @@
+"""specctl's own policy: Thompson sampling on goodput, per (workload class, load bucket).
+
+What is optimised is goodput, committed tokens per second of engine time. For
+arm ``(d, K)`` in class c at load bucket b::
+
+    goodput = B_b * E[tokens | c, d, K] / E[step time | b, d, K]
+
+``E[tokens]`` comes from the censored per-position acceptance model of
+(c, d) (:mod:`controller.policy.acceptance`), shared across K; the step time
+from the per-bucket cost model (:mod:`controller.policy.cost`), monotone in
+K; ``B_b`` is the bucket's typical batch size. It reads "if the whole batch at
+this load ran this arm". ``off`` commits one token per request-round.
+
+Decision rule. The distribution pushed to engines is the posterior
+probability that each arm has the highest goodput: Thompson sampling's
+probability matching, with the sampling done by the engines. Why this rule:
+
+- it explores in proportion to the chance of being best, so a clearly worse
+  arm stops being played and a close call keeps being tested; UCB instead
+  plays one arm deterministically (no propensities to replay, and every
+  engine herds onto the same arm between pushes), EXP3 is built for
+  adversarial rewards and explores far more than needed here, and
+  epsilon-greedy spends a fixed share on arms known to be bad (long K under
+  heavy load is the expensive case);
+- the probabilities are exact propensities for offline replay;
+- structure enters through the posterior, not the rule: one K=5 round
+  sharpens K=1..4, and one step time sharpens every arm's cost.
+
+The posterior probabilities are computed by Monte Carlo with ``num_samples``
+draws per context. Each position's Beta posterior is drawn through its
+logit-normal (delta-method) approximation, and the cost coefficients from
+their Gaussian posterior projected onto non-negative values. The standard
+normal draws are fixed at construction from ``seed`` (common random numbers):
+decisions are deterministic given the reports, and a distribution moves only
+when the evidence does, not with sampling noise, so the sidecar pushes
+(changes beyond its threshold) only on real changes.
+
+Decay bound. Evidence is discounted by ``discount`` per step that carried
+the class (acceptance) or the bucket (cost). After n such steps old evidence
+keeps ``discount ** n`` of its weight, so after a step change every estimate
+is within that fraction of the old-to-new gap (plus the prior's pull): with
+the default 0.99, half the gap after 69 steps and 10% after
+``ceil(ln 10 / -ln 0.99) = 230`` steps. The documented bound for the choice to
+follow a step change in acceptance is therefore 230 of the class's steps; the
+tests show it.
+
+Switch-off. When ``P(off is best) >= switch_off_confidence`` the context
+runs ``off`` except for ``probe_budget`` of its request-rounds, which run the
+most promising drafter at ``K = probe_k``; those probes keep the acceptance
+and cost of speculation measured, and as old evidence decays toward the prior
+the posterior widens again, so a recovery is found and off is never
+permanent.
+
+Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
+request-rounds runs ``prior_arm`` (for example the engine's configured K)
+with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
+distribution, so a new class does not start by exploring wildly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from controller.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from controller.policy.acceptance import AcceptanceModel
+from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
+from controller.policy.cost import CostModel
+from controller.policy.load import BucketLoad
+from controller.policy.params import (
+    DEFAULT_LOAD_BUCKET_BOUNDS,
+    bucket_bounds,
+    integer,
+    parse_config,
+    real,
+)
+from controller.steps import StepBatch
+
+_MIN_STEP_TIME_S = 1e-9
+
+
+@dataclass(frozen=True)
+class SpecctlConfig:
+    """Parameters of :class:`SpecctlPolicy` (all optional)."""
+
+    discount: float = 0.99
+    probe_budget: float = 0.02
+    probe_k: int = 1
+    switch_off_confidence: float = 0.95
+    prior_arm: str | None = None
+    cold_start_rounds: float = 200.0
+    prior_acceptance: float = 0.6
+    prior_strength: float = 4.0
+    max_rounds: float = 2000.0
+    prior_step_s: float = 0.02
+    prior_token_s: float = 2e-5
+    prior_draft_pass_s: float = 5e-4
+    prior_cost_steps: float = 4.0
+    num_samples: int = 256
+    seed: int = 0
+    load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
+    max_classes: int = 256
+    max_drafters: int = 8
+
+    def __post_init__(self) -> None:
+        checked: dict[str, Any] = {
+            "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
+            "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
+            "probe_k": integer("probe_k", self.probe_k, 1, MAX_K),
+            "switch_off_confidence": real(
+                "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
+            ),
+            "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
+            "prior_acceptance": real(
+                "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
+            ),
+            "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
+            "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
+            "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
+            "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
+            "prior_draft_pass_s": real("prior_draft_pass_s", self.prior_draft_pass_s, 0.0, 60.0),
+            "prior_cost_steps": real(
+                "prior_cost_steps", self.prior_cost_steps, 0.0, 1e6, lo_open=True
+            ),
+            "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
+            "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
+            "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
+            "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
+            "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
+        }
+        if self.prior_arm is not None:
+            if not isinstance(self.prior_arm, str):
+                raise ValueError(f"prior_arm={self.prior_arm!r} must be an arm name")
+            try:
+                parse_arm(self.prior_arm)
+            except ArmError as exc:
+                raise ValueError(f"prior_arm: {exc}") from None
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+
+@dataclass(frozen=True)
+class _Samples:
+    """Posterior draws for one context: shape (num_samples, num_arms) each."""
+
+    goodput: np.ndarray
+    tokens: np.ndarray
+    step_time_s: np.ndarray
+
+    def prob_best(self) -> np.ndarray:
+        best = np.argmax(self.goodput, axis=1)
+        return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
+
+
+class SpecctlPolicy(Policy):
+    """Censored acceptance x measured cost, Thompson probabilities, switch-off with probes."""
+
+    policy_name = "specctl"
+
+    def __init__(self, config: SpecctlConfig | None = None) -> None:
+        self.config = cfg = config or SpecctlConfig()
+        self.prior_arm = parse_arm(cfg.prior_arm) if cfg.prior_arm is not None else None
+        self.load_bucket_bounds = tuple(cfg.load_bucket_bounds)
+        self.num_buckets = len(self.load_bucket_bounds) + 1
+        self.acceptance = AcceptanceModel(
+            cfg.max_classes,
+            cfg.max_drafters,
+            discount=cfg.discount,
+            prior_mean=cfg.prior_acceptance,
+            prior_strength=cfg.prior_strength,
+            max_rounds=cfg.max_rounds,
+        )
+        self.cost = CostModel(
+            self.num_buckets,
+            cfg.max_drafters,
+            discount=cfg.discount,
+            prior_step_s=cfg.prior_step_s,
+            prior_token_s=cfg.prior_token_s,
+            prior_draft_pass_s=cfg.prior_draft_pass_s,
+            prior_steps=cfg.prior_cost_steps,
+        )
+        self.load = BucketLoad(self.load_bucket_bounds, cfg.discount)
+        # classes -> slots in the acceptance arrays; least recently updated is evicted
+        self._class_slot: dict[str, int] = {}
+        self._slot_class: list[str | None] = [None] * cfg.max_classes
+        self._last_update = np.zeros(cfg.max_classes, dtype=np.int64)
+        self._drafter_slot: dict[str, int] = {}
+        self.classes_evicted = 0
+        self.rows_untracked = 0
+        # versions: a cached decision is valid while its inputs' versions are unchanged
+        self._tick = 0
+        self._class_version = np.zeros(cfg.max_classes, dtype=np.int64)
+        self._bucket_version = np.zeros(self.num_buckets, dtype=np.int64)
+        self._arms_version = 0
+        self._decisions: dict[tuple[str | None, int], tuple[tuple[int, int, int], Decision]] = {}
+        self._cost_posterior: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
+        # posterior draws are computed in float32: twice as fast, and far more precise
+        # than the Monte Carlo error of num_samples draws
+        rng = np.random.default_rng(cfg.seed)
+        self._z_acceptance = rng.standard_normal(
+            (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
+        )
+        self._z_cost = rng.standard_normal(
+            (cfg.num_samples, self.cost.num_features), dtype=np.float32
+        )
+        self.set_arms([OFF])
+
+    # -- arms and slots -------------------------------------------------------
+
+    def set_arms(self, arms: Sequence[Arm]) -> None:
+        offered = [OFF, *dict.fromkeys(a for a in arms if not a.is_off)]
+        for arm in offered[1:]:
+            if self._slot_of_drafter(arm.drafter) < 0:
+                raise ValueError(
+                    f"specctl policy: drafter {arm.drafter!r} exceeds max_drafters="
+                    f"{self.config.max_drafters} (known: {sorted(self._drafter_slot)})"
+                )
+        self._arms = tuple(offered)
+        spec = [a for a in offered if not a.is_off]
+        slots = sorted({self._drafter_slot[a.drafter] for a in spec})
+        self._drafters = np.array(slots, dtype=np.int64)
+        position = {s: i for i, s in enumerate(slots)}
+        self._max_k = max((a.k for a in spec), default=0)
+        self._arm_k = np.array([a.k for a in offered], dtype=np.int64)
+        self._arm_drafter_slot = np.array(
+            [-1, *(self._drafter_slot[a.drafter] for a in spec)], dtype=np.int64
+        )
+        km = self._max_k
+        cfg_samples = self.config.num_samples
+        width = len(slots) * km
+        self._z_negated = -self._z_acceptance[:, self._drafters, :km].reshape(cfg_samples, width)
+        # _cumulative_negated sums -(values at positions 1..j) within each drafter's block;
+        # _arm_positions sums reach probabilities 1..K of each arm's drafter
+        block = np.triu(np.full((km, km), -1.0, dtype=np.float32))
+        self._cumulative_negated = np.kron(np.eye(len(slots), dtype=np.float32), block)
+        self._arm_positions = np.zeros((width, len(spec)), dtype=np.float32)
+        for i, arm in enumerate(spec):
+            start = position[self._drafter_slot[arm.drafter]] * km
+            self._arm_positions[start : start + arm.k, i] = 1.0
+        self._prior_index = self._prior_arm_index()
+        self._arms_version = self._next_tick()
+
+    @property
+    def arms(self) -> tuple[Arm, ...]:
+        return self._arms
+
+    def _slot_of_drafter(self, drafter: str) -> int:
+        slot = self._drafter_slot.get(drafter)
+        if slot is None:
+            if len(self._drafter_slot) >= self.config.max_drafters:
+                return -1
+            slot = self._drafter_slot[drafter] = len(self._drafter_slot)
+        return slot
+
+    def _slot_of_class(self, name: str) -> int:
+        slot = self._class_slot.get(name)
+        if slot is not None:
+            return slot
+        if len(self._class_slot) < len(self._slot_class):
+            slot = self._slot_class.index(None)
+        else:
+            slot = int(np.argmin(self._last_update))
+            evicted = self._slot_class[slot]
+            assert evicted is not None
+            self._forget(evicted)
+            self.classes_evicted += 1
+        self._class_slot[name] = slot
+        self._slot_class[slot] = name
+        self._last_update[slot] = self._next_tick()
+        return slot
+
+    def _forget(self, name: str) -> None:
+        slot = self._class_slot.pop(name)
+        self._slot_class[slot] = None
+        self.acceptance.reset(slot)
+        self._tokens.pop(slot, None)
+        self._class_version[slot] = self._next_tick()
+        self._last_update[slot] = 0
+        for b in range(self.num_buckets):
+            self._decisions.pop((name, b), None)
+
+    def _next_tick(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def _prior_arm_index(self) -> int | None:
+        prior = self.prior_arm
+        if prior is None:
+            return None
+        if prior.is_off:
+            return 0
+        ks = [(i, a.k) for i, a in enumerate(self._arms) if a.drafter == prior.drafter]
+        if not ks:
+            return None
+        # the configured K, or the longest the engines offer below it
+        below = [(k, i) for i, k in ks if k <= prior.k]
+        return max(below)[1] if below else min((k, i) for i, k in ks)[1]
+
+    # -- learning -------------------------------------------------------------
+
+    def update_params(self, batch: StepBatch) -> None:
+        s = batch.num_steps
+        depth = np.zeros((s, self.config.max_drafters))
+        decode_tokens: np.ndarray = np.zeros(s)
+        tick = self._next_tick()
+        if batch.num_rows:
+            class_slots = np.array([self._slot_of_class(c) for c in batch.classes], dtype=np.int64)
+            # the report's drafters, and each arm's index among them (off: its own entry)
+            local: dict[str, int] = {"": 0}
+            arm_drafter = np.array(
+                [local.setdefault(a.drafter, len(local)) for a in batch.arms], dtype=np.int64
+            )
+            drafter_slots = np.array(
+                [-1] + [self._slot_of_drafter(d) for d in list(local)[1:]], dtype=np.int64
+            )
+            drafter_index = arm_drafter[batch.arm_index]
+            self.acceptance.update(
+                class_slots,
+                drafter_slots,
+                batch.class_index,
+                drafter_index,
+                batch.arm_k,
+                batch.accepted,
+                batch.request_step,
+            )
+            self._class_version[class_slots] = tick
+            self._last_update[class_slots] = tick
+            decode_tokens = np.bincount(
+                batch.request_step, weights=batch.drafted + 1.0, minlength=s
+            )
+            # deepest K per (step, drafter): which arms ran in which step
+            arm_k = np.array([a.k for a in batch.arms], dtype=np.float64)
+            ran = np.zeros((s, len(batch.arms)))
+            ran[batch.request_step, batch.arm_index] = arm_k[batch.arm_index]
+            for i, slot in enumerate(drafter_slots[1:], start=1):
+                if slot >= 0:
+                    depth[:, slot] = ran[:, arm_drafter == i].max(axis=1)
+                else:
+                    self.rows_untracked += int(np.count_nonzero(drafter_index == i))
+        steps = self.load.update(batch, decode_tokens)
+        bucket = np.minimum(batch.load_bucket, self.num_buckets - 1)
+        self.cost.update(
+            bucket, batch.num_scheduled_tokens.astype(np.float64), depth, batch.step_time_s
+        )
+        self._bucket_version[steps > 0] = tick
+
+    def reset_class(self, workload_class: str) -> None:
+        if workload_class in self._class_slot:
+            self._forget(workload_class)
+
+    # -- deciding -------------------------------------------------------------
+
+    def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        self._check_bucket(load_bucket)
+        slot = self._class_slot.get(workload_class)
+        key = (workload_class if slot is not None else None, load_bucket)
+        versions = (
+            int(self._class_version[slot]) if slot is not None else -1,
+            int(self._bucket_version[load_bucket]),
+            self._arms_version,
+        )
+        cached = self._decisions.get(key)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        decision = self._decide(slot, load_bucket)
+        self._decisions[key] = (versions, decision)
+        return decision
+
+    def _check_bucket(self, load_bucket: int) -> None:
+        if not 0 <= load_bucket < self.num_buckets:
+            raise ValueError(
+                f"load_bucket={load_bucket} must be in 0..{self.num_buckets - 1} "
+                f"(bounds {list(self.load_bucket_bounds)})"
+            )
+
+    def _decide(self, slot: int | None, bucket: int) -> Decision:
+        arms = self._arms
+        if len(arms) == 1:
+            return Decision.point(OFF, "off: no speculative arm offered")
+        samples = self._samples(slot, bucket)
+        p_best = samples.prob_best()
+        p_loses = float(p_best[0])
+        cfg = self.config
+        if p_loses >= cfg.switch_off_confidence:
+            probs = np.zeros(len(arms))
+            probe = self._probe_index(samples)
+            if probe is None or cfg.probe_budget == 0.0:
+                probs[0] = 1.0
+                return Decision(arms, probs, f"off: P(spec loses)={p_loses:.2f}")
+            probs[0] = 1.0 - cfg.probe_budget
+            probs[probe] = cfg.probe_budget
+            return Decision(
+                arms,
+                probs,
+                f"off: P(spec loses)={p_loses:.2f}, probing {arms[probe]} "
+                f"at {_percent(cfg.probe_budget)}",
+            )
+        probs = p_best
+        mode = int(np.argmax(probs))
+        explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
+        prior = self._prior_index
+        rounds = float(self.acceptance.rounds[slot]) if slot is not None else 0.0
+        if prior is not None and rounds < cfg.cold_start_rounds:
+            weight = 1.0 - rounds / cfg.cold_start_rounds
+            probs = probs * (1.0 - weight)
+            probs[prior] += weight
+            explanation = (
+                f"cold start: {arms[prior]} at {_percent(weight)} "
+                f"({rounds:.0f} of {cfg.cold_start_rounds:.0f} rounds); {explanation}"
+            )
+        return Decision(arms, probs / probs.sum(), explanation)
+
+    def _probe_index(self, samples: _Samples) -> int | None:
+        """The offered arm at K=probe_k (or its drafter's longest below) with the best goodput."""
+        best_k: dict[str, tuple[int, int]] = {}
+        for i, arm in enumerate(self._arms[1:], start=1):
+            if arm.k <= self.config.probe_k:
+                k, _ = best_k.get(arm.drafter, (0, 0))
+                if arm.k > k:
+                    best_k[arm.drafter] = (arm.k, i)
+        if not best_k:
+            return None
+        candidates = [i for _, i in best_k.values()]
+        means = samples.goodput[:, candidates].mean(axis=0)
+        return candidates[int(np.argmax(means))]
+
+    def _samples(self, slot: int | None, bucket: int) -> _Samples:
+        tokens = self._token_samples(slot)
+        batch_size = self.load.batch_size(bucket)
+        features = self._arm_features(bucket, batch_size)
+        theta_mean, chol = self._cost_posterior_of(bucket, batch_size)
+        theta = self._z_cost @ chol.T.astype(np.float32)
+        theta += theta_mean.astype(np.float32)
+        np.maximum(theta, 0.0, out=theta)
+        step_time = theta @ features.T.astype(np.float32)
+        np.maximum(step_time, _MIN_STEP_TIME_S, out=step_time)
+        goodput = tokens / step_time
+        goodput *= batch_size
+        return _Samples(goodput, tokens, step_time)
+
+    def _token_samples(self, slot: int | None) -> np.ndarray:
+        """Draws of committed tokens per round, (num_samples, arms); cached per class."""
+        version = (int(self._class_version[slot]) if slot is not None else -1, self._arms_version)
+        cached = self._tokens.get(slot)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        alpha, beta = self.acceptance.posterior(slot, self._drafters, self._max_k)
+        n = (alpha + beta).ravel()
+        mean = alpha.ravel() / n
+        sd = 1.0 / np.sqrt((n + 1.0) * mean * (1.0 - mean))
+        # each position's rate drawn as logistic(logit(mean) + sd * z); t below is
+        # -log(rate) = log1p(exp(-logit(mean) - sd * z))
+        t = self._z_negated * sd.astype(np.float32)
+        t += (np.log1p(-mean) - np.log(mean)).astype(np.float32)
+        np.exp(t, out=t)
+        np.log1p(t, out=t)
+        # sums of -log(rate) over positions 1..j, by a matmul with a block-triangular
+        # matrix (much faster than cumsum on short rows), then reach = prod of rates
+        reach = t @ self._cumulative_negated
+        np.exp(reach, out=reach)
+        tokens = np.ones((self.config.num_samples, len(self._arms)), dtype=np.float32)
+        tokens[:, 1:] += reach @ self._arm_positions
+        self._tokens[slot] = (version, tokens)
+        return tokens
+
+    def _arm_features(self, bucket: int, batch_size: float) -> np.ndarray:
+        """Cost features of a step in which the whole batch ran each offered arm."""
+        x = np.zeros((len(self._arms), self.cost.num_features))
+        x[:, 0] = 1.0
+        x[:, 1] = self.load.extra_tokens(bucket) + batch_size * (1.0 + self._arm_k)
+        spec = np.arange(1, len(self._arms))
+        x[spec, 2 + self._arm_drafter_slot[1:]] = self._arm_k[1:]
+        return x
+
+    def _cost_posterior_of(self, bucket: int, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
+        version = int(self._bucket_version[bucket])
+        cached = self._cost_posterior.get(bucket)
+        if cached is not None and cached[0] == version:
+            return cached[1], cached[2]
+        typical = np.full(self.cost.num_features, 2.0)
+        typical[0] = 1.0
+        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
+        mean, chol = self.cost.posterior(bucket, typical)
+        self._cost_posterior[bucket] = (version, mean, chol)
+        return mean, chol
+
+    # -- explaining -----------------------------------------------------------
+
+    def evidence(self, workload_class: str, load_bucket: int) -> Evidence:
+        decision = self.select_action(workload_class, load_bucket)
+        slot = self._class_slot.get(workload_class)
+        rounds = float(self.acceptance.rounds[slot]) if slot is not None else 0.0
+        if len(self._arms) == 1:
+            return Evidence(
+                workload_class, load_bucket, rounds=rounds, explanation=decision.explanation
+            )
+        samples = self._samples(slot, load_bucket)
+        p_best = samples.prob_best()
+        low, high = np.quantile(samples.goodput, [0.05, 0.95], axis=0)
+        estimates = tuple(
+            ArmEstimate(
+                arm=arm,
+                expected_tokens=float(samples.tokens[:, i].mean()),
+                expected_step_time_s=float(samples.step_time_s[:, i].mean()),
+                goodput=float(samples.goodput[:, i].mean()),
+                goodput_low=float(low[i]),
+                goodput_high=float(high[i]),
+                prob_best=float(p_best[i]),
+            )
+            for i, arm in enumerate(self._arms)
+        )
+        acceptance: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        alpha, beta = self.acceptance.posterior(slot, self._drafters, self._max_k)
+        prior_n = self.acceptance.prior_success + self.acceptance.prior_failure
+        for drafter, d in self._drafter_slot.items():
+            where = np.flatnonzero(self._drafters == d)
+            if where.size == 0:
+                continue
+            i = int(where[0])
+            k = max(a.k for a in self._arms if a.drafter == drafter)
+            n = alpha[i, :k] + beta[i, :k]
+            acceptance[drafter] = (
+                tuple(float(v) for v in alpha[i, :k] / n),
+                tuple(float(v) for v in n - prior_n),
+            )
+        return Evidence(
+            workload_class,
+            load_bucket,
+            arms=estimates,
+            acceptance=acceptance,
+            rounds=rounds,
+            explanation=decision.explanation,
+        )
+
+    # -- persistence ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray | str | float]:
+        """Everything learned, as plain arrays (no pickling); the config is not included."""
+        return {
+            "policy_name": self.policy_name,
+            "classes": np.array([c or "" for c in self._slot_class], dtype=np.str_),
+            "class_last_update": self._last_update.copy(),
+            "drafters": np.array(list(self._drafter_slot), dtype=np.str_),
+            "acceptance_counts": self.acceptance.counts.copy(),
+            "acceptance_rounds": self.acceptance.rounds.copy(),
+            "cost_xtx": self.cost.xtx.copy(),
+            "cost_xty": self.cost.xty.copy(),
+            "cost_yy": self.cost.yy.copy(),
+            "cost_steps": self.cost.steps.copy(),
+            "load_steps": self.load.steps.copy(),
+            "load_batch_sum": self.load.batch_sum.copy(),
+            "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
+            "classes_evicted": float(self.classes_evicted),
+        }
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray | str | float]) -> None:
+        """Restore :meth:`state_dict` output saved under the same config."""
+        if state.get("policy_name") != self.policy_name:
+            raise ValueError(
+                f"state is for policy {state.get('policy_name')!r}, not {self.policy_name!r}"
+            )
+        arrays = {
+            "acceptance_counts": self.acceptance.counts,
+            "acceptance_rounds": self.acceptance.rounds,
+            "class_last_update": self._last_update,
+            "cost_xtx": self.cost.xtx,
+            "cost_xty": self.cost.xty,
+            "cost_yy": self.cost.yy,
+            "cost_steps": self.cost.steps,
+            "load_steps": self.load.steps,
+            "load_batch_sum": self.load.batch_sum,
+            "load_extra_tokens_sum": self.load.extra_tokens_sum,
+        }
+        classes = np.asarray(state["classes"])
+        drafters = [str(d) for d in np.asarray(state["drafters"]).ravel()]
+        if classes.shape != (self.config.max_classes,):
+            raise ValueError(
+                f"state has {classes.shape} class slots; this policy has max_classes="
+                f"{self.config.max_classes}"
+            )
+        if len(drafters) > self.config.max_drafters:
+            raise ValueError(
+                f"state has {len(drafters)} drafters; max_drafters={self.config.max_drafters}"
+            )
+        for name, target in arrays.items():
+            value = np.asarray(state[name])
+            if value.shape != target.shape:
+                raise ValueError(
+                    f"state[{name!r}] has shape {value.shape}, expected {target.shape}"
+                )
+        for name, target in arrays.items():
+            target[...] = np.asarray(state[name], dtype=target.dtype)
+        self._slot_class = [str(c) or None for c in classes]
+        self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
+        self._drafter_slot = {d: i for i, d in enumerate(drafters)}
+        self.classes_evicted = int(float(state["classes_evicted"]))
+        self._tick = max(self._tick, int(self._last_update.max(initial=0)))
+        self._decisions.clear()
+        self._cost_posterior.clear()
+        self._tokens.clear()
+        self._class_version[:] = self._next_tick()
+        self._bucket_version[:] = self._tick
+        self.set_arms(self._arms)
+
+
+def _percent(p: float) -> str:
+    text = f"{100.0 * p:.1f}".rstrip("0").rstrip(".")
+    return f"{text}%"
+
+
+def make_specctl(params: Mapping[str, Any]) -> SpecctlPolicy:
+    return SpecctlPolicy(parse_config(SpecctlConfig, params, "specctl"))
+
+
+def tracking_bound_steps(discount: float, remaining: float = 0.1) -> float:
+    """Steps after which old evidence keeps at most ``remaining`` of its weight (inf: never)."""
+    if discount >= 1.0:
+        return math.inf
+    return float(math.ceil(math.log(remaining) / math.log(discount)))

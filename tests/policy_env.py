@@ -1,0 +1,75 @@
+"""A synthetic serving environment for policy tests: known acceptance, known step cost.
+
+Each step, every request samples an arm from the policy's decision for its
+(class, bucket), accepts each draft position with the class's acceptance
+rate until the first rejection, and the step takes
+``base_s + token_s * tokens + pass_s * deepest K``. The step is encoded and
+validated through the real report path, so the policy sees exactly what the
+sidecar would hand it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.arms import Arm
+from controller.policy.base import Decision, Policy
+from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+
+BOUNDS = (8, 32, 128)
+
+
+@dataclass
+class SyntheticEnv:
+    drafters: dict[str, int]
+    acceptance: dict[str, float]  # drafter -> per-position acceptance
+    base_s: float = 0.02
+    token_s: float = 1e-4
+    pass_s: float = 5e-4
+    seed: int = 0
+    rng: np.random.Generator = field(init=False)
+    steps: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+    def run_step(
+        self, policy: Policy, workload_class: str, bucket: int, batch_size: int
+    ) -> tuple[StepBatch, Decision, list[Arm]]:
+        decision = policy.select_action(workload_class, bucket)
+        picks = self.rng.choice(len(decision.arms), size=batch_size, p=decision.probabilities)
+        arms = [decision.arms[i] for i in picks]
+        ks = np.array([a.k for a in arms])
+        rates = np.array([self.acceptance.get(a.drafter, 0.0) for a in arms])
+        # accepted = number of leading successes, at most K
+        draws = self.rng.random((batch_size, max(int(ks.max()), 1))) < rates[:, None]
+        leading = np.cumprod(draws, axis=1).sum(axis=1)
+        accepted = np.minimum(leading, ks)
+        tokens = int((1 + ks).sum())
+        depth = max((a.k for a in arms if not a.is_off), default=0)
+        step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
+        self.steps += 1
+        record = StepRecord(
+            step_index=self.steps,
+            step_time_s=step_time,
+            batch_size=batch_size,
+            num_scheduled_tokens=tokens,
+            policy_version=1,
+            load_bucket=bucket,
+            step_end_unix_s=1.7e9 + self.steps,
+            classes=[workload_class] * batch_size,
+            arms=[a.name for a in arms],
+            propensity=[decision.probability_of(a) for a in arms],
+            drafted=[int(k) for k in ks],
+            accepted=[int(a) for a in accepted],
+        )
+        batch = decode_step_report(
+            encode_step_report(self.steps, [record]),
+            engine_id="synthetic",
+            offered=self.drafters,
+            num_load_buckets=len(BOUNDS) + 1,
+        )
+        policy.update_params(batch)
+        return batch, decision, arms

@@ -1,0 +1,360 @@
+"""specctl's policy: censored acceptance, measured cost, Thompson decisions, switch-off."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_env import SyntheticEnv
+
+from controller.api import pb
+from controller.arms import OFF, arms_for, parse_arm
+from controller.engine.policy_view import compile_policy
+from controller.policy.acceptance import AcceptanceModel, expected_tokens
+from controller.policy.registry import make_policy
+from controller.policy.thompson import SpecctlPolicy, tracking_bound_steps
+
+NGRAM = {"ngram": 6}
+
+
+def specctl(**params: object) -> SpecctlPolicy:
+    policy = make_policy("specctl", params)
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for(NGRAM.items()))
+    return policy
+
+
+def mode_k(policy: SpecctlPolicy, workload_class: str, bucket: int) -> int:
+    return policy.select_action(workload_class, bucket).mode.k
+
+
+# -- acceptance model ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 1)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_censoring_matches_a_per_round_count(rows: list[tuple[int, int, int]]) -> None:
+    """Position j counts a success iff accepted >= j, a failure iff accepted = j-1 < K."""
+    k = np.array([r[0] for r in rows])
+    accepted = np.array([min(r[1], r[0]) for r in rows])
+    drafter = np.array([r[2] for r in rows])  # 0: off (untracked), 1: ngram
+    k = np.where(drafter == 0, 0, k)
+    accepted = np.minimum(accepted, k)
+    model = AcceptanceModel(2, 1, discount=1.0, prior_mean=0.5, prior_strength=1.0, max_rounds=1e9)
+    model.update(
+        np.array([1]),
+        np.array([-1, 0]),
+        np.zeros(len(rows), dtype=np.int64),
+        drafter,
+        k,
+        accepted,
+        np.zeros(len(rows), dtype=np.int64),
+    )
+    want_s = np.zeros(6)
+    want_f = np.zeros(6)
+    for kk, a, d in zip(k, accepted, drafter, strict=True):
+        if d == 0:
+            continue
+        for j in range(1, kk + 1):
+            if a >= j:
+                want_s[j - 1] += 1
+            elif a == j - 1:
+                want_f[j - 1] += 1
+    np.testing.assert_array_equal(model.success[1, 0, :6], want_s)
+    np.testing.assert_array_equal(model.failure[1, 0, :6], want_f)
+    assert model.rounds[1] == len(rows)
+
+
+def test_a_k2_round_is_never_a_rejection_at_position_3() -> None:
+    model = AcceptanceModel(1, 1, discount=1.0, prior_mean=0.5, prior_strength=1.0, max_rounds=1e9)
+    one = np.zeros(1, dtype=np.int64)
+    # K=2, both accepted; K=2, first rejected
+    model.update(
+        one,
+        np.array([0]),
+        np.zeros(2, dtype=np.int64),
+        np.zeros(2, dtype=np.int64),
+        np.array([2, 2]),
+        np.array([2, 0]),
+        np.zeros(2, dtype=np.int64),
+    )
+    assert model.success[0, 0, :3].tolist() == [1.0, 1.0, 0.0]
+    assert model.failure[0, 0, :3].tolist() == [1.0, 0.0, 0.0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12))
+def test_expected_tokens_never_decrease_with_k(rates: list[float]) -> None:
+    tokens = expected_tokens(np.array(rates))
+    assert tokens[0] >= 1.0
+    assert np.all(np.diff(tokens) >= 0.0)
+
+
+# -- decisions ----------------------------------------------------------------
+
+drafter_sets = st.dictionaries(
+    st.sampled_from(["ngram", "eagle3", "mtp"]), st.integers(1, 6), min_size=0, max_size=3
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    offered=drafter_sets,
+    rate=st.floats(0.0, 1.0),
+    batch_size=st.integers(1, 200),
+    bucket=st.integers(0, 3),
+    steps=st.integers(0, 4),
+)
+def test_distribution_sums_to_one_over_offered_arms_only(
+    offered: dict[str, int], rate: float, batch_size: int, bucket: int, steps: int
+) -> None:
+    policy = make_policy("specctl", {"prior_arm": "ngram/k=3"})
+    arms = arms_for(offered.items())
+    policy.set_arms(arms)
+    env = SyntheticEnv(drafters=offered, acceptance=dict.fromkeys(offered, rate))
+    for _ in range(steps):
+        env.run_step(policy, "chat", bucket, batch_size)
+    for workload_class in ("chat", "never-seen"):
+        decision = policy.select_action(workload_class, bucket)
+        assert set(decision.arms) <= set(arms)
+        assert OFF in decision.arms
+        assert decision.probabilities.sum() == pytest.approx(1.0)
+        assert np.all(decision.probabilities >= 0.0)
+        evidence = policy.evidence(workload_class, bucket)
+        assert evidence.explanation == decision.explanation
+
+
+def test_engine_propensities_match_the_distribution() -> None:
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.6})
+    for _ in range(30):
+        env.run_step(policy, "chat", 1, 16)
+    decision = policy.select_action("chat", 1)
+    assert np.count_nonzero(decision.probabilities) >= 2, decision
+    message = pb.Policy(
+        version=7,
+        fallback_arm="off",
+        load_bucket_bounds=[8, 32, 128],
+        default_class="default",
+        entries=[
+            pb.ClassPolicy(
+                workload_class="chat",
+                load_bucket=1,
+                arms=[a.name for a in decision.arms],
+                probabilities=decision.probabilities.tolist(),
+            )
+        ],
+    )
+    view = compile_policy(message, NGRAM)
+    rng = np.random.default_rng(3)
+    n = 20000
+    counts: dict[str, int] = {}
+    for u in rng.random(n):
+        choice = view.choose("chat", 1, float(u))
+        assert choice.propensity == pytest.approx(decision.probability_of(choice.arm))
+        counts[choice.arm.name] = counts.get(choice.arm.name, 0) + 1
+    for arm, p in zip(decision.arms, decision.probabilities, strict=True):
+        sd = np.sqrt(n * p * (1 - p)) + 1.0
+        assert abs(counts.get(arm.name, 0) - n * p) < 6 * sd, (arm, counts, p)
+
+
+def test_expected_tokens_and_step_time_are_monotone_in_k_in_the_evidence() -> None:
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7})
+    for _ in range(40):
+        env.run_step(policy, "chat", 2, 64)
+    evidence = policy.evidence("chat", 2)
+    spec = [a for a in evidence.arms if not a.arm.is_off]
+    assert [a.arm.k for a in spec] == [1, 2, 3, 4, 5, 6]
+    tokens = [a.expected_tokens for a in spec]
+    times = [a.expected_step_time_s for a in spec]
+    assert all(b >= a for a, b in itertools.pairwise(tokens))
+    assert all(b >= a for a, b in itertools.pairwise(times))
+    assert sum(a.prob_best for a in evidence.arms) == pytest.approx(1.0)
+    for a in evidence.arms:
+        assert a.goodput_low <= a.goodput <= a.goodput_high
+    rates, observations = evidence.acceptance["ngram"]
+    assert len(rates) == 6
+    assert rates[0] == pytest.approx(0.7, abs=0.1)
+    assert observations[0] > 100
+    assert evidence.rounds > 1000
+
+
+def test_cold_start_runs_the_prior_arm_then_learns() -> None:
+    policy = specctl(prior_arm="ngram/k=4", cold_start_rounds=200.0)
+    first = policy.select_action("new-class", 0)
+    assert first.mode == parse_arm("ngram/k=4")
+    assert first.probability_of(parse_arm("ngram/k=4")) == pytest.approx(1.0)
+    assert first.explanation.startswith("cold start: ngram/k=4 at 100%")
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.6})
+    for _ in range(10):
+        env.run_step(policy, "new-class", 0, 8)
+    later = policy.select_action("new-class", 0)
+    assert later.explanation.startswith("cold start"), later.explanation
+    assert later.probability_of(parse_arm("ngram/k=4")) < 0.9
+    for _ in range(30):
+        env.run_step(policy, "new-class", 0, 8)
+    assert policy.select_action("new-class", 0).explanation.startswith("thompson")
+
+
+def test_prior_arm_longer_than_offered_uses_the_longest_offered() -> None:
+    policy = specctl(prior_arm="ngram/k=9")
+    assert policy.select_action("chat", 0).mode == parse_arm("ngram/k=6")
+
+
+def test_heavy_load_moves_to_short_k_light_load_keeps_long_k() -> None:
+    """Same acceptance at both loads: only the measured step cost differs."""
+    policy = specctl()
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.8}, base_s=0.02, token_s=2e-4, pass_s=5e-4
+    )
+    for _ in range(150):
+        env.run_step(policy, "chat", 0, 4)
+        env.run_step(policy, "chat", 3, 256)
+    light, heavy = mode_k(policy, "chat", 0), mode_k(policy, "chat", 3)
+    assert light >= 4, policy.select_action("chat", 0)
+    assert heavy <= 2, policy.select_action("chat", 3)
+
+
+def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
+    budget = 0.02
+    policy = specctl(prior_arm="ngram/k=4", probe_budget=budget, discount=0.99)
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=5e-4
+    )
+    bound = int(tracking_bound_steps(0.99))
+    switched_at = None
+    for step in range(bound):
+        env.run_step(policy, "chat", 2, 64)
+        if policy.select_action("chat", 2).explanation.startswith("off"):
+            switched_at = step
+            break
+    assert switched_at is not None, policy.select_action("chat", 2)
+
+    probes = rows = 0
+    for _ in range(300):
+        _batch, decision, arms = env.run_step(policy, "chat", 2, 64)
+        if decision.explanation.startswith("off"):
+            assert decision.probability_of(OFF) == pytest.approx(1.0 - budget)
+            spec = [a for a in decision.arms if not a.is_off and decision.probability_of(a) > 0]
+            assert [a.k for a in spec] == [1]
+            assert "probing ngram/k=1 at 2%" in decision.explanation
+            probes += sum(not a.is_off for a in arms)
+            rows += len(arms)
+    assert rows >= 64 * 250
+    assert probes / rows <= 1.5 * budget
+
+    # speculation pays again: the probes find it, off is not permanent
+    env.acceptance["ngram"] = 0.9
+    recovered = None
+    for step in range(bound):
+        env.run_step(policy, "chat", 2, 64)
+        if not policy.select_action("chat", 2).explanation.startswith("off"):
+            recovered = step
+            break
+    assert recovered is not None
+    for _ in range(bound):
+        env.run_step(policy, "chat", 2, 64)
+    assert mode_k(policy, "chat", 2) >= 3, policy.select_action("chat", 2)
+
+
+def test_step_change_in_acceptance_is_followed_within_the_documented_bound() -> None:
+    discount = 0.99
+    bound = int(tracking_bound_steps(discount))
+    assert bound == 230
+    policy = specctl(discount=discount)
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.9}, token_s=5e-5)
+    for _ in range(300):
+        env.run_step(policy, "chat", 1, 24)
+    assert mode_k(policy, "chat", 1) >= 4, policy.select_action("chat", 1)
+
+    env.acceptance["ngram"] = 0.3
+    followed = None
+    for step in range(bound):
+        env.run_step(policy, "chat", 1, 24)
+        if mode_k(policy, "chat", 1) <= 2:
+            followed = step + 1
+            break
+    assert followed is not None, policy.evidence("chat", 1)
+
+
+def test_decisions_are_cached_until_their_inputs_change() -> None:
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.6})
+    env.run_step(policy, "chat", 0, 8)
+    first = policy.select_action("chat", 0)
+    assert policy.select_action("chat", 0) is first
+    env.run_step(policy, "chat", 0, 8)
+    assert policy.select_action("chat", 0) is not first
+
+
+def test_reset_class_forgets_and_the_class_cap_evicts_least_recent() -> None:
+    policy = specctl(prior_arm="ngram/k=2", max_classes=2)
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.6})
+    for name in ("a", "b"):
+        for _ in range(20):
+            env.run_step(policy, name, 0, 16)
+    assert policy.evidence("a", 0).rounds > 200
+    policy.reset_class("a")
+    assert policy.evidence("a", 0).rounds == 0.0
+    assert policy.select_action("a", 0).explanation.startswith("cold start: ngram/k=2 at 100%")
+
+    env.run_step(policy, "a", 0, 16)
+    env.run_step(policy, "c", 0, 16)  # third class: "b" was updated least recently
+    assert policy.classes_evicted == 1
+    assert policy.evidence("b", 0).rounds == 0.0
+    assert policy.evidence("a", 0).rounds > 0.0
+    assert policy.evidence("c", 0).rounds > 0.0
+
+
+def test_state_dict_round_trips_through_an_npz_file(tmp_path: object) -> None:
+    policy = specctl(prior_arm="ngram/k=3")
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7})
+    for i in range(40):
+        env.run_step(policy, ("chat", "code")[i % 2], i % 4, 32)
+    path = f"{tmp_path}/state.npz"
+    np.savez(path, **policy.state_dict())  # type: ignore[arg-type]
+    with np.load(path, allow_pickle=False) as saved:
+        state = {k: saved[k] for k in saved.files}
+    state["policy_name"] = str(state["policy_name"])
+    state["classes_evicted"] = float(state["classes_evicted"])
+
+    restored = specctl(prior_arm="ngram/k=3")
+    restored.load_state_dict(state)
+    for name in ("chat", "code", "unknown"):
+        for bucket in range(4):
+            a = policy.select_action(name, bucket)
+            b = restored.select_action(name, bucket)
+            assert a.arms == b.arms and a.explanation == b.explanation
+            np.testing.assert_allclose(a.probabilities, b.probabilities)
+    env.run_step(restored, "chat", 0, 32)  # keeps learning after a restore
+
+    with pytest.raises(ValueError, match="max_classes"):
+        specctl(max_classes=3).load_state_dict(state)
+
+
+def test_parameters_are_validated_with_clear_errors() -> None:
+    with pytest.raises(ValueError, match=r"specctl policy: unknown parameters \['discont'\]"):
+        make_policy("specctl", {"discont": 0.99})
+    with pytest.raises(ValueError, match=r"specctl policy: discount=2 must be in \(0.5, 1\]"):
+        make_policy("specctl", {"discount": 2})
+    with pytest.raises(ValueError, match="probe_budget"):
+        make_policy("specctl", {"probe_budget": 0.9})
+    with pytest.raises(ValueError, match="prior_arm"):
+        make_policy("specctl", {"prior_arm": "ngram/k=x"})
+    with pytest.raises(ValueError, match="strictly increasing"):
+        make_policy("specctl", {"load_bucket_bounds": [8, 8]})
+    policy = make_policy(
+        "specctl", {"discount": 0.995, "probe_budget": 0.02, "prior_arm": "ngram/k=4"}
+    )
+    with pytest.raises(ValueError, match=r"load_bucket=4 must be in 0\.\.3"):
+        policy.select_action("chat", 4)
