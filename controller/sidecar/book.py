@@ -366,6 +366,23 @@ class PolicyBook:
         self._republish(list(self._published), force=True)
         return self.version
 
+    def restore(self, *, classes: Iterable[str], overrides: Mapping[str, Arm], version: int) -> int:
+        """Bring back classes, overrides and the version counter from a snapshot.
+
+        Classes beyond ``max_classes`` or with invalid names are left out; the
+        version continues above the snapshot's, so engines never see it go back.
+        """
+        for name in classes:
+            if name not in self._classes and validate_class_name(name) is None:
+                if self.fold_class(name) == name:
+                    self._add_class(name)
+        for cls, arm in overrides.items():
+            if cls in self._classes:
+                self._overrides[cls] = arm
+        self.version = max(self.version, version)
+        self._republish(list(self._published), force=True)
+        return self.version
+
     # ----------------------------------------------------------------- views
 
     def policy_for(self, offered: Mapping[str, int], fallback: Arm) -> pb.Policy:
