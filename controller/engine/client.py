@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import structlog
@@ -40,6 +41,12 @@ _KEEPALIVE = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+
+
+class StepSource(Protocol):
+    """A step captured on the step path; turned into report rows on this thread."""
+
+    def record(self) -> StepRecord: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,7 @@ class SidecarClient:
         self.fallback = fallback
         # Read by the step path with no lock: always a complete, immutable object.
         self.view: PolicyView = fallback_view(fallback, config.load_buckets)
-        self.queue: deque[StepRecord] = deque(maxlen=config.report_queue_size)
+        self.queue: deque[StepSource] = deque(maxlen=config.report_queue_size)
         self.steps_dropped_total = 0  # written by the step path only
         self.fallback_reason = "no policy yet"
         self.connected = False
@@ -88,7 +95,7 @@ class SidecarClient:
 
     # -- step path ---------------------------------------------------------------------------
 
-    def push(self, record: StepRecord) -> None:
+    def push(self, record: StepSource) -> None:
         """Queue a finished step; the oldest one is dropped (and counted) when full."""
         queue = self.queue
         if len(queue) == queue.maxlen:
@@ -181,7 +188,7 @@ class SidecarClient:
             while queue:
                 steps: list[StepRecord] = []
                 while queue and len(steps) < MAX_STEPS_PER_REPORT:
-                    steps.append(queue.popleft())
+                    steps.append(queue.popleft().record())
                 sequence += 1
                 self.reports_sent_total += 1
                 yield pb.EngineMessage(report=encode_step_report(sequence, steps))

@@ -36,11 +36,19 @@ class _Entry:
     arms: tuple[Arm, ...]
     cumulative: tuple[float, ...]
     probabilities: tuple[float, ...]
+    # One Choice per arm, built once: sampling allocates nothing.
+    choices: tuple[Choice, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            choices = tuple(
+                Choice(a, p) for a, p in zip(self.arms, self.probabilities, strict=True)
+            )
+            object.__setattr__(self, "choices", choices)
 
     def sample(self, u: float) -> Choice:
         i = bisect.bisect_right(self.cumulative, u * self.cumulative[-1])
-        i = min(i, len(self.arms) - 1)
-        return Choice(self.arms[i], self.probabilities[i])
+        return self.choices[min(i, len(self.choices) - 1)]
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,10 @@ class PolicyView:
     default_class: str
     received_monotonic: float
     entries: Mapping[tuple[str, int], _Entry] = field(default_factory=dict)
+    fallback_choice: Choice = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fallback_choice", Choice(self.fallback, 1.0))
 
     @property
     def num_load_buckets(self) -> int:
@@ -67,7 +79,7 @@ class PolicyView:
         if entry is None:
             entry = self.entries.get((self.default_class, load_bucket))
             if entry is None:
-                return Choice(self.fallback, 1.0)
+                return self.fallback_choice
         return entry.sample(u)
 
 

@@ -3,76 +3,141 @@
 Timeline of one request's drafts under synchronous scheduling: in step t the
 scheduler decides who runs; the model verifies the drafts proposed in step
 t-1 and proposes new ones with the step-level K; after the step the drafts
-arrive (``update_draft_token_ids``) and are truncated to each request's own K.
-So an arm sampled at schedule time in step t governs the drafts verified in
-step t+1, and that is where its outcome (drafted, accepted, the step's time)
-is recorded, with the propensity it was sampled with.
+arrive (``update_draft_token_ids``) and are cut to each request's own K. So
+the arms sampled at schedule time in step t govern the drafts verified in step
+t+1, and that is where their outcome (drafted, accepted, the step's time) is
+recorded, with the propensity each was sampled with. Under async scheduling
+the drafts stay in the worker and the same K is applied to their placeholders.
 
-Two attributes live on each vLLM ``Request``: ``specctl_class`` (set once when
-the request arrives) and ``specctl_choice`` (the :class:`Assignment` that
-governs its next drafts). Assignments are shared by every request of a class
-in a step, so the per-request cost is an attribute store, not an allocation.
+All requests of a class share the class's arm in a step, so the step path
+works per class, not per request: it samples one arm per class with live
+requests, and only touches requests of classes whose K is below the step's K
+(to cut their drafts). Per request it copies only the class (one C-level
+``map``); turning the step into report rows happens on the client thread.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping, MutableSequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig
+from controller.engine.policy_view import Choice
 from controller.steps import StepRecord, validate_class_name
 
 log = structlog.get_logger("controller.engine.recorder")
 
 # Distinct invalid class values warned about; beyond that they are only counted.
 _MAX_WARNED_CLASSES = 100
+_NO_DRAFTS: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """An arm sampled for one workload class in one step."""
+class _Plan(NamedTuple):
+    """What a scheduler output verifies: the arms that governed its drafts."""
 
-    workload_class: str
-    arm_name: str
-    k: int
-    propensity: float
+    start_monotonic: float
+    governing: Mapping[str, Choice]
     policy_version: int
     load_bucket: int
 
 
 @dataclass(slots=True)
-class _Plan:
-    """What one scheduler output verifies: the assignment of each scheduled request."""
+class RawStep:
+    """One step as captured on the step path; :meth:`record` builds the report rows.
 
-    start_monotonic: float
-    batch_size: int
-    previous: list[Assignment | None]
+    ``num_scheduled``, ``spec_tokens``, ``req_id_to_index`` and ``sampled_token_ids``
+    are vLLM's own per-step objects (from the scheduler output and the model
+    runner output), which vLLM does not touch once the step's output is
+    processed; only the classes are copied, as requests come and go.
+    """
+
+    step_index: int
+    step_time_s: float
+    step_end_unix_s: float
+    num_scheduled_tokens: int
+    plan: _Plan
+    classes: list[str | None]
+    num_scheduled: Mapping[str, int]
+    spec_tokens: Mapping[str, Sequence[int]]
+    req_id_to_index: Mapping[str, int]
+    sampled_token_ids: Sequence[Sequence[int]]
+
+    def record(self) -> StepRecord:
+        governing = self.plan.governing
+        classes: list[str] = []
+        arms: list[str] = []
+        propensity: list[float] = []
+        drafted_col: list[int] = []
+        accepted_col: list[int] = []
+        spec_tokens = self.spec_tokens
+        req_id_to_index = self.req_id_to_index
+        sampled = self.sampled_token_ids
+        for (req_id, n), cls in zip(self.num_scheduled.items(), self.classes, strict=True):
+            if cls is None:
+                continue  # the request finished before the step was captured
+            drafted = len(spec_tokens.get(req_id, _NO_DRAFTS))
+            if n != drafted + 1:
+                continue  # not a decode step for this request (prefill, resumption)
+            choice = governing.get(cls)
+            if choice is None or drafted > choice.arm.k:
+                continue  # drafts from before this engine sampled an arm for the class
+            accepted = 0
+            if drafted:
+                index = req_id_to_index.get(req_id)
+                if index is None or index >= len(sampled):
+                    continue
+                accepted = min(max(len(sampled[index]) - 1, 0), drafted)
+            classes.append(cls)
+            arms.append(choice.arm.name)
+            propensity.append(choice.propensity)
+            drafted_col.append(drafted)
+            accepted_col.append(accepted)
+        return StepRecord(
+            step_index=self.step_index,
+            step_time_s=self.step_time_s,
+            batch_size=len(self.num_scheduled),
+            num_scheduled_tokens=self.num_scheduled_tokens,
+            policy_version=self.plan.policy_version,
+            load_bucket=self.plan.load_bucket,
+            step_end_unix_s=self.step_end_unix_s,
+            classes=classes,
+            arms=arms,
+            propensity=propensity,
+            drafted=drafted_col,
+            accepted=accepted_col,
+        )
 
 
 class StepRecorder:
-    """Samples arms, truncates drafts and records outcomes for one engine."""
+    """Samples arms, cuts drafts to each class's K and captures outcomes for one engine."""
 
     def __init__(self, config: EngineConfig, client: SidecarClient, max_k: int) -> None:
         self.config = config
         self.client = client
         self.max_k = max_k
         self.rng = random.Random(config.seed)
-        self.known_classes: set[str] = {config.default_class}
         self.invalid_class_total = 0
         self._warned: set[str] = set()
+        # Live requests (waiting or running) by id and by class.
+        self.class_of: dict[str, str] = {}
+        self.members: dict[str, set[str]] = {}
+        # The arms of the last step, per class: they govern the drafts now being proposed.
+        self.chosen: dict[str, Choice] = {}
+        self.step_k = max_k
+        self._low_k: list[tuple[int, set[str]]] = []
         self._plans: dict[int, _Plan] = {}
         self._step_index = 0
         self._last_end = 0.0
-        # Whether the last step assigned different K to different requests.
-        self.mixed_k = False
+        self._version = 0
+        self._bucket = 0
 
-    # -- request arrival ---------------------------------------------------------------------
+    # -- requests ----------------------------------------------------------------------------
 
     def classify(self, extra_args: Mapping[str, Any] | None, num_prompt_tokens: int) -> str:
         """The request's workload class; never raises (bad values warn once and fall back)."""
@@ -82,10 +147,10 @@ class StepRecorder:
                 return self.config.class_for_prompt_len(num_prompt_tokens)
             return self.config.default_class
         name = value if isinstance(value, str) else str(value)
-        if name in self.known_classes:
+        if name in self.members:
             return name
         problem = validate_class_name(name)
-        if problem is None and len(self.known_classes) >= self.config.max_classes:
+        if problem is None and len(self.members) >= self.config.max_classes:
             problem = f"workload class {name!r} would exceed max_classes={self.config.max_classes}"
         if problem is not None:
             self.invalid_class_total += 1
@@ -97,89 +162,95 @@ class StepRecorder:
                     using=self.config.default_class,
                 )  # fmt: skip
             return self.config.default_class
-        self.known_classes.add(name)
         return name
+
+    def add(self, req_id: str, workload_class: str) -> None:
+        self.class_of[req_id] = workload_class
+        members = self.members.get(workload_class)
+        if members is None:
+            members = self.members[workload_class] = set()
+        members.add(req_id)
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        """Requests that finished (or were aborted) since the last step."""
+        class_of = self.class_of
+        for req_id in req_ids:
+            cls = class_of.pop(req_id, None)
+            if cls is not None:
+                members = self.members[cls]
+                members.discard(req_id)
+                if not members:
+                    del self.members[cls]
 
     # -- schedule ----------------------------------------------------------------------------
 
-    def on_schedule(
-        self,
-        output_id: int,
-        num_scheduled_tokens: Mapping[str, int],
-        requests: Mapping[str, Any],
-        start_monotonic: float,
-    ) -> int:
-        """Sample an arm per class present, assign it to each request; return the step's K.
+    def on_schedule(self, output_id: int, batch_size: int, start_monotonic: float) -> int:
+        """Sample an arm per class with live requests; return the step's K.
 
-        Each scheduled request's previous assignment (what governs the drafts
-        verified in this step) is kept, in the output's order, for :meth:`on_output`.
+        The previous step's arms are kept as the plan of this output: they
+        governed the drafts it verifies.
         """
         view = self.client.view
-        batch_size = len(num_scheduled_tokens)
         bucket = view.load_bucket(batch_size)
-        previous: list[Assignment | None] = []
-        append = previous.append
-        chosen: dict[str, Assignment] = {}
-        for req_id in num_scheduled_tokens:
-            request = requests[req_id]
-            append(request.specctl_choice)
-            if request.is_prefill_chunk:
-                request.specctl_choice = None
-                continue
-            workload_class = request.specctl_class
-            assignment = chosen.get(workload_class)
-            if assignment is None:
-                choice = view.choose(workload_class, bucket, self.rng.random())
-                arm = choice.arm
-                assignment = Assignment(
-                    workload_class, arm.name, arm.k, choice.propensity, view.version, bucket
-                )
-                chosen[workload_class] = assignment
-            request.specctl_choice = assignment
-        self._plans[output_id] = _Plan(start_monotonic, batch_size, previous)
-        if not chosen:
-            self.mixed_k = False
-            return 0
-        ks = {a.k for a in chosen.values()}
-        self.mixed_k = len(ks) > 1
-        return min(max(ks), self.max_k)
+        previous = self.chosen
+        if previous:
+            self._plans[output_id] = _Plan(start_monotonic, previous, self._version, self._bucket)
+        else:
+            self._plans[output_id] = _Plan(start_monotonic, previous, view.version, bucket)
+        rand = self.rng.random
+        choose = view.choose
+        chosen: dict[str, Choice] = {}
+        step_k = 0
+        for cls in self.members:
+            choice = chosen[cls] = choose(cls, bucket, rand())
+            if choice.arm.k > step_k:
+                step_k = choice.arm.k
+        step_k = min(step_k, self.max_k)
+        self.chosen = chosen
+        self._version = view.version
+        self._bucket = bucket
+        self.step_k = step_k
+        members = self.members
+        self._low_k = [(c.arm.k, members[cls]) for cls, c in chosen.items() if c.arm.k < step_k]
+        return step_k
 
     # -- drafts ------------------------------------------------------------------------------
 
-    def truncate_drafts(
-        self,
-        req_ids: Iterable[str],
-        drafts: Iterable[MutableSequence[int]],
-        requests: Mapping[str, Any],
-    ) -> None:
-        """Cut each request's drafts to its arm's K (synchronous scheduling)."""
-        if not self.mixed_k:
-            return  # every request drafted exactly the step's K
-        for req_id, draft in zip(req_ids, drafts, strict=False):
-            request = requests.get(req_id)
-            if request is None:
-                continue
-            choice = request.specctl_choice
-            if choice is not None and len(draft) > choice.k:
-                del draft[choice.k :]
+    def cut_drafts(self, requests: Mapping[str, Any]) -> None:
+        """Cut the drafts of requests whose class's K is below the step's (after they arrive)."""
+        for k, members in self._low_k:
+            for req_id in members:
+                request = requests.get(req_id)
+                if request is None:
+                    continue
+                drafts = request.spec_token_ids
+                if len(drafts) > k:
+                    request.spec_token_ids = drafts[:k]
 
-    def placeholders(self, req_ids: Iterable[str], requests: Mapping[str, Any]) -> None:
-        """Size each request's draft placeholders to its arm's K (async scheduling).
+    def cut_placeholders(self, req_ids: Iterable[str], requests: Mapping[str, Any]) -> None:
+        """Async scheduling: size each scheduled request's draft placeholders to its K.
 
-        vLLM sized them all to the engine's maximum K before the arms were sampled.
+        vLLM sized them to the step's K; the worker drafts that many and the
+        next step verifies only as many as the placeholders say.
         """
-        by_k: dict[int, list[int]] = {}
+        if not self._low_k:
+            return
+        k_of = {cls: c.arm.k for cls, c in self.chosen.items() if c.arm.k < self.step_k}
+        class_of = self.class_of
+        shared: dict[int, list[int]] = {}
         for req_id in req_ids:
-            request = requests[req_id]
-            choice = request.specctl_choice
-            if choice is None or not request.spec_token_ids:
+            cls = class_of.get(req_id)
+            if cls is None:
                 continue
-            k = choice.k
-            if len(request.spec_token_ids) != k:
-                ph = by_k.get(k)
-                if ph is None:
-                    ph = by_k[k] = [-1] * k
-                request.spec_token_ids = ph
+            k = k_of.get(cls)
+            if k is None:
+                continue
+            request = requests[req_id]
+            if len(request.spec_token_ids) > k:
+                placeholders = shared.get(k)
+                if placeholders is None:
+                    placeholders = shared[k] = [-1] * k
+                request.spec_token_ids = placeholders
 
     # -- output ------------------------------------------------------------------------------
 
@@ -188,64 +259,29 @@ class StepRecorder:
         output_id: int,
         num_scheduled_tokens: Mapping[str, int],
         total_num_scheduled_tokens: int,
-        spec_tokens: Mapping[str, list[int]],
+        spec_tokens: Mapping[str, Sequence[int]],
         req_id_to_index: Mapping[str, int],
-        sampled_token_ids: list[list[int]] | Any,
+        sampled_token_ids: Sequence[Sequence[int]] | None,
     ) -> None:
-        """Record the step's outcome per request that was in decode, and queue it."""
+        """Capture the step (one C-level map over its requests) and queue it."""
         plan = self._plans.pop(output_id, None)
         if plan is None:
             return
         now = time.monotonic()
         step_time = now - max(plan.start_monotonic, self._last_end)
         self._last_end = now
-        if step_time <= 0.0:
-            step_time = 1e-9
-        classes: list[str] = []
-        arms: list[str] = []
-        propensity: list[float] = []
-        drafted_col: list[int] = []
-        accepted_col: list[int] = []
-        first: Assignment | None = None
-        for (req_id, n), choice in zip(num_scheduled_tokens.items(), plan.previous, strict=False):
-            if choice is None:
-                continue
-            spec = spec_tokens.get(req_id)
-            drafted = len(spec) if spec else 0
-            if n != drafted + 1:
-                continue  # not a decode step for this request
-            accepted = 0
-            if drafted:
-                index = req_id_to_index.get(req_id)
-                if index is None or not sampled_token_ids:
-                    continue
-                accepted = len(sampled_token_ids[index]) - 1
-                if accepted < 0:
-                    continue
-                if accepted > drafted:
-                    accepted = drafted
-            if first is None:
-                first = choice
-            classes.append(choice.workload_class)
-            arms.append(choice.arm_name)
-            propensity.append(choice.propensity)
-            drafted_col.append(drafted)
-            accepted_col.append(accepted)
         self._step_index += 1
-        view = self.client.view
         self.client.push(
-            StepRecord(
+            RawStep(
                 step_index=self._step_index,
-                step_time_s=step_time,
-                batch_size=plan.batch_size,
-                num_scheduled_tokens=total_num_scheduled_tokens,
-                policy_version=first.policy_version if first else view.version,
-                load_bucket=first.load_bucket if first else view.load_bucket(plan.batch_size),
+                step_time_s=step_time if step_time > 0.0 else 1e-9,
                 step_end_unix_s=time.time(),
-                classes=classes,
-                arms=arms,
-                propensity=propensity,
-                drafted=drafted_col,
-                accepted=accepted_col,
+                num_scheduled_tokens=total_num_scheduled_tokens,
+                plan=plan,
+                classes=list(map(self.class_of.get, num_scheduled_tokens)),
+                num_scheduled=num_scheduled_tokens,
+                spec_tokens=spec_tokens,
+                req_id_to_index=req_id_to_index,
+                sampled_token_ids=sampled_token_ids or (),
             )
         )

@@ -162,46 +162,45 @@ class _SpecctlMixin:
         recorder = self.specctl
         if recorder is not None:
             params = request.sampling_params
-            request.specctl_class = recorder.classify(
-                params.extra_args if params is not None else None, request.num_prompt_tokens
+            recorder.add(
+                request.request_id,
+                recorder.classify(
+                    params.extra_args if params is not None else None, request.num_prompt_tokens
+                ),
             )
-            request.specctl_choice = None
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._specctl_schedule_start = time.monotonic()
+        recorder = self.specctl
+        if recorder is not None:
+            # Requests that finished since the last step leave their classes first.
+            if self.finished_req_ids:  # type: ignore[attr-defined]
+                recorder.forget(self.finished_req_ids)  # type: ignore[attr-defined]
+            self._specctl_schedule_start = time.monotonic()
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         recorder = self.specctl
-        if recorder is None:
-            super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
-            return
-        num_scheduled = scheduler_output.num_scheduled_tokens
-        requests = self.requests  # type: ignore[attr-defined]
-        # vLLM updates is_prefill_chunk here; the arms are sampled for who drafts next.
-        # AsyncScheduler reads num_spec_tokens_to_schedule in it, so set K first and
-        # fix it up after (sampling needs the updated prefill state).
+        if recorder is not None:
+            num_scheduled = scheduler_output.num_scheduled_tokens
+            k = recorder.on_schedule(
+                id(scheduler_output), len(num_scheduled), self._specctl_schedule_start
+            )
+            if num_scheduled:
+                # Read by the drafter, and by AsyncScheduler for its placeholders.
+                scheduler_output.num_spec_tokens_to_schedule = k
         super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
-        k = recorder.on_schedule(
-            id(scheduler_output), num_scheduled, requests, self._specctl_schedule_start
-        )
-        if num_scheduled:
-            scheduler_output.num_spec_tokens_to_schedule = k
-        self._specctl_after_assign(scheduler_output, k)
+        if recorder is not None:
+            self._specctl_after_schedule(scheduler_output)
 
-    def _specctl_after_assign(self, scheduler_output: Any, k: int) -> None:
-        """Per-variant fix-up once each request has its arm."""
+    def _specctl_after_schedule(self, scheduler_output: Any) -> None:
+        """Per-variant step once vLLM has set up the next drafts."""
 
     def update_draft_token_ids(self, draft_token_ids: Any) -> None:
+        super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
         recorder = self.specctl
         if recorder is not None:
-            recorder.truncate_drafts(
-                draft_token_ids.req_ids,
-                draft_token_ids.draft_token_ids,
-                self.requests,  # type: ignore[attr-defined]
-            )
-        super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
+            recorder.cut_drafts(self.requests)  # type: ignore[attr-defined]
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
@@ -248,11 +247,11 @@ class SpecctlAsyncScheduler(_SpecctlMixin, _async_scheduler_base()):  # type: ig
     """vLLM's AsyncScheduler with specctl: drafts stay in the worker, so the per-request
     K is applied by shortening each request's draft placeholders."""
 
-    def _specctl_after_assign(self, scheduler_output: Any, k: int) -> None:
-        # AsyncScheduler sized every request's placeholders before the arms were known.
+    def _specctl_after_schedule(self, scheduler_output: Any) -> None:
+        # AsyncScheduler gave every request placeholders for the step's K.
         recorder = self.specctl
         assert recorder is not None
-        recorder.placeholders(scheduler_output.num_scheduled_tokens, self.requests)
+        recorder.cut_placeholders(scheduler_output.num_scheduled_tokens, self.requests)
 
 
 class SpecctlScheduler(_SpecctlMixin, _scheduler_base()):  # type: ignore[misc]

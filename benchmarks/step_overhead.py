@@ -1,0 +1,139 @@
+"""Added time per scheduler step: specctl's scheduler vs vLLM's stock one.
+
+Both run vLLM 0.32's real scheduler code with N requests in decode and a
+synthetic model (no forward pass), so the difference is what the plugin adds
+on the engine's critical path: sampling arms, truncating drafts, recording the
+step. Two measurements per batch size:
+
+- end to end: the median step time of the stock scheduler and of specctl's,
+  with a policy that picks ``ngram/k=4`` (the stock setting) so both do the
+  same scheduling work; the difference is the plugin's cost, within noise.
+- hooks: the time spent inside specctl's hooks per step (sampling, draft
+  truncation, recording), with a policy that gives the two classes different
+  arms so that draft truncation is active, its most expensive case.
+
+    .venv/bin/python benchmarks/step_overhead.py [--sizes 8 64 256] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+
+
+def _policy_view(mixed: bool) -> object:
+    from controller.api import pb
+    from controller.engine.policy_view import compile_policy
+
+    entries = []
+    for bucket in range(4):
+        entries.append(
+            pb.ClassPolicy(
+                workload_class="greedy", load_bucket=bucket, arms=["ngram/k=2", "ngram/k=4"],
+                probabilities=[0.2, 0.8] if mixed else [0.0, 1.0],
+            )
+        )  # fmt: skip
+        entries.append(
+            pb.ClassPolicy(
+                workload_class="sampled", load_bucket=bucket, arms=["off", "ngram/k=4"],
+                probabilities=[0.9, 0.1] if mixed else [0.0, 1.0],
+            )
+        )  # fmt: skip
+    policy = pb.Policy(
+        version=7, fallback_arm="ngram/k=4", load_bucket_bounds=[8, 64, 256], entries=entries
+    )
+    return compile_policy(policy, {"ngram": 4})
+
+
+class _Timed:
+    """Accumulates the time spent in the recorder's hook methods."""
+
+    def __init__(self, recorder: object) -> None:
+        self.total = 0.0
+        for name in ("forget", "on_schedule", "cut_drafts", "cut_placeholders", "on_output"):
+            setattr(recorder, name, self._wrap(getattr(recorder, name)))
+
+    def _wrap(self, fn):  # type: ignore[no-untyped-def]
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total += time.perf_counter() - t0
+
+        return timed
+
+
+def measure(
+    scheduler_cls: type, model: str, n: int, steps: int, policy: str | None
+) -> tuple[float, float]:
+    """(median step time, median time in specctl's hooks per step), seconds."""
+    from controller.engine.scheduler_driver import SchedulerDriver
+
+    driver = SchedulerDriver(
+        scheduler_cls, model, num_requests=n, classes=("greedy", "sampled"), acceptance=0.6
+    )
+    timed = None
+    if policy is not None:
+        client = driver.scheduler.specctl_client
+        client.close()  # no sidecar here: pin the policy instead of the fallback
+        client.view = _policy_view(policy == "mixed")
+        timed = _Timed(driver.scheduler.specctl)
+    for _ in range(20):  # prefill and warm up
+        driver.step()
+    gc.collect()
+    gc.freeze()  # as vLLM's engine core does after start-up
+    times = []
+    hook_times = []
+    for _ in range(steps):
+        if timed is not None:
+            timed.total = 0.0
+        t0 = time.perf_counter()
+        driver.step()
+        times.append(time.perf_counter() - t0)
+        if timed is not None:
+            hook_times.append(timed.total)
+    gc.unfreeze()
+    if policy is not None:
+        driver.scheduler.shutdown()
+    return statistics.median(times), (statistics.median(hook_times) if hook_times else 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("SPECCTL_ADDRESS", "unix:///nonexistent/specctl.sock")
+    os.environ.setdefault("SPECCTL_SEED", "0")
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from controller.demo.tiny_model import build_tiny_model
+    from controller.engine.scheduler import SpecctlScheduler
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(build_tiny_model(os.path.join(tmp, "tiny")))
+        print(
+            f"{'running':>8} {'stock us/step':>14} {'specctl us/step':>16} {'added us':>9} "
+            f"{'hooks us/step (mixed K)':>24}"
+        )
+        for n in args.sizes:
+            stock: list[float] = []
+            ours: list[float] = []
+            hooks: list[float] = []
+            for _ in range(args.repeats):  # interleaved, so drift hits both alike
+                stock.append(measure(Scheduler, model, n, args.steps, None)[0])
+                ours.append(measure(SpecctlScheduler, model, n, args.steps, "same")[0])
+                hooks.append(measure(SpecctlScheduler, model, n, args.steps, "mixed")[1])
+            s, o, h = min(stock) * 1e6, min(ours) * 1e6, min(hooks) * 1e6
+            print(f"{n:>8} {s:>14.1f} {o:>16.1f} {o - s:>9.1f} {h:>24.1f}")
+
+
+if __name__ == "__main__":
+    main()
