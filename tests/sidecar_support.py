@@ -61,7 +61,7 @@ def report(
         step_index=sequence,
         step_time_s=step_time_s,
         batch_size=n,
-        num_scheduled_tokens=n + sum(drafted),
+        num_scheduled_tokens=min(n + sum(drafted), 2**32 - 1),
         policy_version=policy_version,
         load_bucket=load_bucket,
         step_end_unix_s=time.time(),

@@ -37,6 +37,10 @@ class UnknownClassError(KeyError):
 
 def total_variation(a: Decision, b: Decision) -> float:
     """Total-variation distance between two distributions over (possibly different) arms."""
+    if a.arms == b.arms:
+        if len(a.arms) == 1:
+            return 0.0
+        return 0.5 * float(np.abs(a.probabilities - b.probabilities).sum())
     pa = dict(zip(a.arms, a.probabilities.tolist(), strict=True))
     pb_ = dict(zip(b.arms, b.probabilities.tolist(), strict=True))
     return 0.5 * sum(abs(pa.get(arm, 0.0) - pb_.get(arm, 0.0)) for arm in pa.keys() | pb_.keys())
@@ -86,6 +90,7 @@ class PolicyBook:
         self._sinks: list[Sink] = []
         self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], pb.Policy] = {}
         self._stale_evidence: set[Context] = set()
+        self._off_contexts: set[Context] = set()  # contexts whose most likely arm is off
         self._evidence_refreshed = 0.0
         self.policy.set_arms(self._arms)
         self._add_class(default_class)
@@ -159,16 +164,17 @@ class PolicyBook:
         if old is not None:
             for arm in old.decision.arms:
                 if arm not in new.decision.arms:
-                    try:
-                        m.arm_probability.remove(cls, bucket, arm.name)
-                    except KeyError:
-                        pass
+                    m.remove(m.arm_probability, cls, bucket, arm.name)
         for arm, p in zip(new.decision.arms, new.decision.probabilities.tolist(), strict=True):
-            m.arm_probability.labels(cls, bucket, arm.name).set(p)
+            m.child(m.arm_probability, cls, bucket, arm.name).set(p)
         off_now = new.decision.mode.is_off
-        m.speculation_off.labels(cls, bucket).set(1.0 if off_now else 0.0)
+        m.child(m.speculation_off, cls, bucket).set(1.0 if off_now else 0.0)
+        if off_now:
+            self._off_contexts.add(ctx)
+        else:
+            self._off_contexts.discard(ctx)
         if old is not None and off_now and not old.decision.mode.is_off:
-            m.switch_offs.labels(cls).inc()
+            m.child(m.switch_offs, cls).inc()
         self._stale_evidence.add(ctx)
 
     def _republish(self, contexts: Iterable[Context], *, force: bool) -> bool:
@@ -235,8 +241,12 @@ class PolicyBook:
         rows_bucket = batch.load_bucket[batch.request_step]
         self._count(batch, rows_bucket)
         self.policy.update_params(batch)
-        touched = {batch.classes[int(c)] for c in np.unique(batch.class_index)}
-        contexts = [(c, b) for c in touched for b in range(self.num_load_buckets)]
+        # Only the contexts this report has rows for can have learned anything new.
+        keys = np.unique(batch.class_index * self.num_load_buckets + rows_bucket)
+        contexts = [
+            (batch.classes[int(k) // self.num_load_buckets], int(k) % self.num_load_buckets)
+            for k in keys
+        ]
         changed = self._republish(contexts, force=False)
         if new_classes and not changed:
             self._bump()
@@ -253,55 +263,56 @@ class PolicyBook:
         return changed
 
     def _count(self, batch: StepBatch, rows_bucket: np.ndarray) -> None:
-        """Per-class counters, vectorised over the batch's rows."""
+        """Per-class counters, vectorised over the batch's rows (one bincount per quantity)."""
         m = self.metrics
-        n = batch.num_rows
-        if n == 0:
+        if batch.num_rows == 0:
             return
-        n_cls = len(batch.classes)
-        n_arms = len(batch.arms)
+        classes, arms = batch.classes, batch.arms
+        n_arms = len(arms)
         # request-rounds by applied arm
-        counts = np.bincount(batch.class_index * n_arms + batch.arm_index, minlength=n_cls * n_arms)
-        for key in np.flatnonzero(counts):
-            c, a = divmod(int(key), n_arms)
-            m.arm_rounds.labels(batch.classes[c], batch.arms[a].name).inc(int(counts[key]))
+        counts = np.bincount(batch.class_index * n_arms + batch.arm_index)
+        arm_names = [a.name for a in arms]
+        for key in np.flatnonzero(counts).tolist():
+            c, a = divmod(key, n_arms)
+            m.child(m.arm_rounds, classes[c], arm_names[a]).inc(int(counts[key]))
         # speculative rows by (class, drafter)
-        drafters = sorted({a.drafter for a in batch.arms if not a.is_off})
-        if drafters:
-            drafter_of_arm = np.array(
-                [drafters.index(a.drafter) if not a.is_off else -1 for a in batch.arms], np.int64
-            )
-            row_drafter = drafter_of_arm[batch.arm_index]
-            spec = row_drafter >= 0
-            n_dr = len(drafters)
-            group = (batch.class_index * n_dr + row_drafter)[spec]
-            size = n_cls * n_dr
-            rounds = np.bincount(group, minlength=size)
-            drafted = np.bincount(group, weights=batch.drafted[spec], minlength=size)
-            accepted_rows = batch.accepted[spec]
-            accepted = np.bincount(group, weights=accepted_rows, minlength=size)
-            width = int(batch.arm_k.max()) + 1
-            hist = np.bincount(group * width + accepted_rows, minlength=size * width)
-            at_least = np.cumsum(hist.reshape(size, width)[:, ::-1], axis=1)[:, ::-1]
-            k_max = np.zeros(size, np.int64)
-            np.maximum.at(k_max, group, batch.arm_k[spec])
-            for g in np.flatnonzero(rounds):
-                c, d = divmod(int(g), n_dr)
-                labels = (batch.classes[c], drafters[d])
-                m.request_rounds.labels(*labels).inc(int(rounds[g]))
-                m.draft_tokens.labels(*labels).inc(float(drafted[g]))
-                m.accepted_tokens.labels(*labels).inc(float(accepted[g]))
-                for pos in range(1, int(k_max[g]) + 1):
-                    m.accepted_tokens_per_position.labels(*labels, str(pos)).inc(
-                        int(at_least[g, pos])
-                    )
-            # probes: speculative rounds where the context's most likely arm is off
-            ctx_key = batch.class_index * self.num_load_buckets + rows_bucket
-            probe = np.bincount(ctx_key[spec], minlength=n_cls * self.num_load_buckets)
-            for key in np.flatnonzero(probe):
-                c, b = divmod(int(key), self.num_load_buckets)
-                if self._published[(batch.classes[c], b)].decision.mode.is_off:
-                    m.probe_rounds.labels(batch.classes[c]).inc(int(probe[key]))
+        drafters = sorted({a.drafter for a in arms if not a.is_off})
+        if not drafters:
+            return
+        max_k = {d: max(a.k for a in arms if a.drafter == d) for d in drafters}
+        drafter_of_arm = np.array(
+            [-1 if a.is_off else drafters.index(a.drafter) for a in arms], np.int64
+        )
+        row_drafter = drafter_of_arm[batch.arm_index]
+        spec = row_drafter >= 0
+        n_dr = len(drafters)
+        group = (batch.class_index * n_dr + row_drafter)[spec]
+        accepted = batch.accepted[spec]
+        width = max(max_k.values()) + 1
+        size = len(classes) * n_dr
+        # hist[g, a]: rounds of group g that accepted exactly a tokens
+        hist = np.bincount(group * width + accepted, minlength=size * width).reshape(size, width)
+        at_least = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
+        accepted_sum = hist @ np.arange(width)
+        drafted_sum = np.bincount(group, weights=batch.drafted[spec], minlength=size)
+        for g in np.flatnonzero(at_least[:, 0]).tolist():
+            c, d = divmod(g, n_dr)
+            labels = (classes[c], drafters[d])
+            m.child(m.request_rounds, *labels).inc(int(at_least[g, 0]))
+            m.child(m.draft_tokens, *labels).inc(float(drafted_sum[g]))
+            m.child(m.accepted_tokens, *labels).inc(int(accepted_sum[g]))
+            for pos in range(1, max_k[drafters[d]] + 1):
+                m.child(m.accepted_tokens_per_position, *labels, str(pos)).inc(
+                    int(at_least[g, pos])
+                )
+        # probes: speculative rounds in contexts whose most likely arm is off
+        if self._off_contexts:
+            nb = self.num_load_buckets
+            probe = np.bincount((batch.class_index * nb + rows_bucket)[spec])
+            for key in np.flatnonzero(probe).tolist():
+                c, b = divmod(key, nb)
+                if (classes[c], b) in self._off_contexts:
+                    m.child(m.probe_rounds, classes[c]).inc(int(probe[key]))
 
     def _refresh_evidence_gauges(self, *, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -333,19 +344,20 @@ class PolicyBook:
         problem = validate_class_name(workload_class)
         if problem is not None:
             raise ValueError(problem)
-        if workload_class not in self._classes:
-            if arm is None:
-                return self.version
-            if self.fold_class(workload_class) != workload_class:
-                raise ValueError(
-                    f"workload class {workload_class!r} cannot be added: "
-                    f"max_classes={self.max_classes} reached"
-                )
-            self._add_class(workload_class)
+        new_class = workload_class not in self._classes
+        if new_class and arm is None:
+            return self.version
+        if new_class and self.fold_class(workload_class) != workload_class:
+            raise ValueError(
+                f"workload class {workload_class!r} cannot be added: "
+                f"max_classes={self.max_classes} reached"
+            )
         if arm is None:
             self._overrides.pop(workload_class, None)
         else:
             self._overrides[workload_class] = arm
+        if new_class:
+            self._add_class(workload_class)
         contexts = [(workload_class, b) for b in range(self.num_load_buckets)]
         self._republish(contexts, force=True)
         return self.version

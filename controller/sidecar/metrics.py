@@ -8,6 +8,8 @@ rules and dashboards: change them only together. Class labels are bounded by
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller import __version__
@@ -150,3 +152,17 @@ class SidecarMetrics:
             "specctl_build_info", "The running specctl version.", ["version"], registry=r
         )
         self.build_info.labels(version=__version__).set(1)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the report path calls this per class and arm."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def remove(self, metric: Any, *labels: str) -> None:
+        """Drop a labelled series (e.g. an arm no longer in a distribution)."""
+        if self._children.pop((id(metric), labels), None) is not None:
+            metric.remove(*labels)

@@ -1,0 +1,249 @@
+"""PolicyBook without a server: versions, class folding, overrides, per-engine views, metrics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from controller.arms import OFF, Arm, parse_arm
+from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
+from controller.policy.registry import make_policy
+from controller.sidecar.book import PolicyBook
+from controller.sidecar.metrics import SidecarMetrics
+from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+
+OFFERED = {"ngram": 4}
+
+
+class SettablePolicy(Policy):
+    """A policy whose distribution the test sets, recording what it learned from."""
+
+    policy_name = "settable"
+
+    def __init__(self) -> None:
+        self.distribution: dict[str, float] = {"off": 1.0}
+        self.seen: list[StepBatch] = []
+
+    def set_arms(self, arms: Sequence[Arm]) -> None:
+        self.arms = list(arms)
+
+    def update_params(self, batch: StepBatch) -> None:
+        self.seen.append(batch)
+
+    def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        arms = tuple(parse_arm(a) for a in self.distribution)
+        return Decision(arms, np.array(list(self.distribution.values())), "set by the test")
+
+    def evidence(self, workload_class: str, load_bucket: int) -> Evidence:
+        estimates = tuple(
+            ArmEstimate(parse_arm(a), 1.0, 0.01, 100.0 * (i + 1), 90.0, 110.0, p)
+            for i, (a, p) in enumerate(self.distribution.items())
+        )
+        return Evidence(workload_class, load_bucket, estimates, rounds=42.0)
+
+
+def _batch(rows: Sequence[tuple[str, str, int, int]], bucket: int = 0, seq: int = 1) -> StepBatch:
+    """rows: (class, arm, drafted, accepted), all in one step."""
+    step = StepRecord(
+        step_index=seq,
+        step_time_s=0.01,
+        batch_size=max(1, len(rows)),
+        num_scheduled_tokens=10,
+        policy_version=1,
+        load_bucket=bucket,
+        step_end_unix_s=1.0,
+        classes=[r[0] for r in rows],
+        arms=[r[1] for r in rows],
+        propensity=[1.0] * len(rows),
+        drafted=[r[2] for r in rows],
+        accepted=[r[3] for r in rows],
+    )
+    return decode_step_report(
+        encode_step_report(seq, [step]), engine_id="e", offered=OFFERED, num_load_buckets=4
+    )
+
+
+def _value(book: PolicyBook, name: str, **labels: str) -> float:
+    value = book.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_version_moves_only_on_material_change() -> None:
+    policy = SettablePolicy()
+    book = PolicyBook(policy, push_threshold=0.05)
+    book.offer(OFFERED)
+    v = book.version
+    assert book.ingest(_batch([("default", "off", 0, 0)])) is False
+    policy.distribution = {"off": 0.97, "ngram/k=2": 0.03}  # total variation 0.03
+    assert book.ingest(_batch([("default", "off", 0, 0)])) is False
+    assert book.version == v
+    assert book.decision("default", 0).arms == (OFF,)
+    policy.distribution = {"off": 0.9, "ngram/k=2": 0.1}  # 0.1 from what was published
+    assert book.ingest(_batch([("default", "off", 0, 0)])) is True
+    assert book.version == v + 1
+    assert book.decision("default", 0).probability_of(parse_arm("ngram/k=2")) == 0.1
+    assert book.ingest(_batch([("chat", "off", 0, 0)])) is True  # a new class
+    assert book.version == v + 2
+    assert _value(book, "specctl_policy_version") == v + 2
+
+
+def test_classes_beyond_the_limit_fold_into_the_default_class() -> None:
+    policy = SettablePolicy()
+    book = PolicyBook(policy, max_classes=3)
+    rows = [(f"c{i}", "ngram/k=4", 4, 2) for i in range(5)]
+    book.ingest(_batch(rows))
+    assert book.classes == ("default", "c0", "c1")
+    seen = policy.seen[-1]
+    assert set(seen.classes) == {"c0", "c1", "default"}
+    assert sorted(seen.classes[i] for i in seen.class_index) == [
+        "c0",
+        "c1",
+        "default",
+        "default",
+        "default",
+    ]
+    assert _value(book, "specctl_class_overflow_total") == 3
+    assert _value(book, "specctl_classes") == 3
+    assert (
+        _value(book, "specctl_request_rounds_total", workload_class="default", drafter="ngram") == 3
+    )
+
+
+def test_override_wins_and_is_explained() -> None:
+    policy = SettablePolicy()
+    policy.distribution = {"ngram/k=4": 1.0}
+    book = PolicyBook(policy)
+    book.offer(OFFERED)
+    v = book.set_override("chat", OFF)
+    assert book.decision("chat", 2).arms == (OFF,)
+    assert book.decision("chat", 2).explanation == "pinned by operator: off"
+    assert _value(book, "specctl_switch_offs_total", workload_class="chat") == 0  # new class
+    book.ingest(_batch([("chat", "ngram/k=4", 4, 4), ("chat", "off", 0, 0)], bucket=2))
+    assert book.decision("chat", 2).arms == (OFF,)
+    assert _value(book, "specctl_probe_rounds_total", workload_class="chat") == 1
+    assert book.set_override("chat", None) > v
+    assert book.decision("chat", 2).arms == (parse_arm("ngram/k=4"),)
+    book.set_override("chat", OFF)
+    assert _value(book, "specctl_switch_offs_total", workload_class="chat") == 4  # every bucket
+    evidence = book.evidence("chat")
+    assert {c.override_arm for c in evidence.classes} == {"off"}
+
+
+def test_policy_for_restricts_to_the_engines_arms_and_renormalises() -> None:
+    policy = SettablePolicy()
+    policy.distribution = {"off": 0.2, "ngram/k=2": 0.3, "ngram/k=4": 0.5}
+    book = PolicyBook(policy, fallback_arm=None)
+    book.offer(OFFERED)
+    full = book.full_policy()
+    assert dict(zip(full.entries[0].arms, full.entries[0].probabilities, strict=True)) == {
+        "off": 0.2,
+        "ngram/k=2": 0.3,
+        "ngram/k=4": 0.5,
+    }
+    small = book.policy_for({"ngram": 2}, parse_arm("ngram/k=2"))
+    got = dict(zip(small.entries[0].arms, small.entries[0].probabilities, strict=True))
+    assert got == {"off": 0.4, "ngram/k=2": 0.6}
+    assert small.fallback_arm == "ngram/k=2"
+    assert "restricted" in small.entries[0].explanation
+    policy.distribution = {"ngram/k=4": 1.0}
+    book.replace_policy(policy)
+    none = book.policy_for({}, OFF)
+    assert [list(e.arms) for e in none.entries] == [["off"]] * 4
+    assert book.policy_for({}, OFF) is none  # cached per version and offer
+
+
+def test_sink_failures_are_counted_and_do_not_stop_ingest() -> None:
+    book = PolicyBook(make_policy("static", {"arm": "off"}))
+    got: list[StepBatch] = []
+
+    def broken(batch: StepBatch) -> None:
+        raise RuntimeError("disk full")
+
+    book.add_sink(broken)
+    book.add_sink(got.append)
+    book.ingest(_batch([("chat", "off", 0, 0)]))
+    assert len(got) == 1 and got[0].classes == ("chat",)
+    assert _value(book, "specctl_reports_rejected_total", reason="sink_error") == 1
+
+
+def test_evidence_and_goodput_gauges_come_from_the_policy() -> None:
+    policy = SettablePolicy()
+    policy.distribution = {"off": 0.25, "ngram/k=2": 0.75}
+    book = PolicyBook(policy)
+    book.offer(OFFERED)
+    book._evidence_refreshed = -1e9  # refresh on this ingest
+    book.ingest(_batch([("chat", "ngram/k=2", 2, 1)], bucket=1))
+    assert (
+        _value(
+            book,
+            "specctl_chosen_arm_goodput_tokens_per_second",
+            workload_class="chat",
+            load_bucket="1",
+        )
+        == 200.0
+    )
+    assert (
+        _value(
+            book,
+            "specctl_no_spec_goodput_tokens_per_second",
+            workload_class="chat",
+            load_bucket="1",
+        )
+        == 100.0
+    )
+    ev = book.evidence("chat")
+    assert len(ev.classes) == 4
+    arms = {a.arm: a for a in ev.classes[1].arms}
+    assert arms["ngram/k=2"].probability == 0.75 and arms["ngram/k=2"].goodput == 200.0
+    assert ev.classes[1].rounds == 42.0
+
+
+rows_strategy = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["off", "ngram/k=1", "ngram/k=3", "ngram/k=4"]),
+        st.integers(0, 4),
+        st.integers(0, 4),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows_strategy)
+def test_vectorised_counters_match_a_row_by_row_count(raw) -> None:
+    rows = []
+    for cls, arm, d, a in raw:
+        k = parse_arm(arm).k
+        drafted = min(d, k)
+        rows.append((cls, arm, drafted, min(a, drafted)))
+    book = PolicyBook(
+        make_policy("static", {"arm": "off"}), metrics=SidecarMetrics(CollectorRegistry())
+    )
+    book.ingest(_batch(rows))
+    expect: Counter[tuple[str, ...]] = Counter()
+    for cls, arm, drafted, accepted in rows:
+        expect[("arm_rounds", cls, arm)] += 1
+        if arm != "off":
+            expect[("rounds", cls)] += 1
+            expect[("drafted", cls)] += drafted
+            expect[("accepted", cls)] += accepted
+            for p in range(1, accepted + 1):
+                expect[("pos", cls, str(p))] += 1
+    for cls in "abc":
+        lab = {"workload_class": cls, "drafter": "ngram"}
+        assert _value(book, "specctl_request_rounds_total", **lab) == expect[("rounds", cls)]
+        assert _value(book, "specctl_draft_tokens_total", **lab) == expect[("drafted", cls)]
+        assert _value(book, "specctl_accepted_tokens_total", **lab) == expect[("accepted", cls)]
+        for p in "1234":
+            got = _value(book, "specctl_accepted_tokens_per_position_total", position=p, **lab)
+            assert got == expect[("pos", cls, p)]
+        for arm in ("off", "ngram/k=1", "ngram/k=3", "ngram/k=4"):
+            got = _value(book, "specctl_arm_rounds_total", workload_class=cls, arm=arm)
+            assert got == expect[("arm_rounds", cls, arm)]
