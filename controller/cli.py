@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("controller.sidecar.policy_cli", "print the running sidecar's current policy"),
     "evidence": ("controller.sidecar.evidence_cli", "print the evidence behind the policy"),
     "override": ("controller.sidecar.override_cli", "pin a workload class to an arm (admin)"),
+    "bench": ("controller.sim.bench_cli", "run every policy side by side on simulated scenarios"),
+    "simulate": ("controller.sim.simulate_cli", "drive a running sidecar with a simulated engine"),
 }
 
 

@@ -1,0 +1,393 @@
+"""The side-by-side policy benchmark: every policy on the same scenario and seeds.
+
+Each policy runs in its own simulated world built from the same seed, through
+the production path (:class:`~controller.sidecar.book.PolicyBook`, report
+encoding and validation, the engine's compiled policy view). Besides the
+registered policies, three references run:
+
+- ``oracle``: the best arm per class for the current conditions (:mod:`.oracle`);
+- ``static-off``: no speculation;
+- ``best-static``: the single arm, for every class, with the highest expected
+  goodput over the whole scenario, chosen in hindsight from the ground truth.
+
+``static:<arm>`` runs one fixed arm (``static:dflash/k=7``). Baselines that need
+a drafter, a K or a batch table get them from :func:`baseline_params`.
+
+Goodput is committed tokens per second of engine time; per class, over the
+time charged to that class's requests (:mod:`.engine`). Ratios compare runs
+with the same seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from controller.arms import OFF, Arm, parse_arm
+from controller.policy.base import Policy
+from controller.policy.registry import POLICIES, make_policy
+from controller.policy.static import StaticPolicy
+from controller.sidecar.book import PolicyBook
+from controller.sim.engine import FloatArray, InProcessLink, RunRecord, SimulatedEngine, World
+from controller.sim.oracle import OraclePolicy
+from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+
+REFERENCES = ("oracle", "static-off", "best-static")
+ADAPT_WITHIN = 0.05  # "back within 5% of the oracle"
+ADAPT_WINDOW_BLOCKS = 5  # trailing window for time-to-adapt, in accounting blocks
+REGRET_WINDOWS = 40
+
+Progress = Callable[[str], None]
+
+
+def default_policies() -> list[str]:
+    """specctl first, then every other registered policy that builds without parameters."""
+    names = [n for n in POLICIES if n != "static"]
+    names.sort(key=lambda n: (n != "specctl", n))
+    return [*names, *REFERENCES]
+
+
+def best_static_arm(scenario: Scenario) -> Arm:
+    """The one arm with the highest expected goodput over the scenario, from the truth.
+
+    Expected tokens and time are summed over the scenario's segments between
+    events, at each segment's batch size, acceptance and class mix.
+    """
+    model = scenario.model
+    world_events = sorted(scenario.events, key=lambda e: e.step)
+    batch = scenario.batch
+    scale = np.ones(len(model.classes))
+    mix = scenario.mix_vector()
+    class_id = {c: i for i, c in enumerate(model.classes)}
+    tokens = np.zeros(len(model.arms))
+    time_s = np.zeros(len(model.arms))
+    bounds = [e.step for e in world_events] + [scenario.steps]
+    start = 0
+    for i, end in enumerate(bounds):
+        n = end - start
+        if n > 0:
+            exp = model.expected_tokens(scale)  # [c, a]
+            cost = model.cost(batch)
+            share = model.base_step_time_s(batch)  # per step; per request = share / batch
+            tokens += n * batch * (mix @ exp)
+            time_s += n * share * (mix @ cost)
+        if i < len(world_events):
+            e = world_events[i]
+            if isinstance(e, AcceptanceChange):
+                scale[class_id[e.workload_class]] = e.scale
+            elif isinstance(e, MixChange):
+                mix = scenario.mix_vector(e.weights)
+            elif isinstance(e, LoadChange):
+                batch = e.batch
+        start = end
+    return model.arms[int(np.argmax(tokens / time_s))]
+
+
+def _mix_goodput(scenario: Scenario, batch: int) -> FloatArray:
+    """Expected goodput per arm at this batch size, over the scenario's initial mix."""
+    model = scenario.model
+    mix = scenario.mix_vector()
+    return (mix @ model.expected_tokens()) / (mix @ model.cost(batch))
+
+
+TABLE_BATCHES = (1, 8, 16, 32, 64, 128, 256, 512)
+
+
+def baseline_params(name: str, scenario: Scenario) -> dict[str, Any]:
+    """The baselines configured as a careful operator would, from the same sweep.
+
+    The drafter and K are those of the best static arm at the table's
+    operating point; vLLM's batch-size table and TensorRT-LLM's concurrency
+    cap are profiled from the model at each batch size. This is generous to
+    the baselines: operators rarely have that profile.
+    """
+    model = scenario.model
+    arm_names = [a.name for a in model.arms]
+    ref = _mix_goodput(scenario, scenario.batch)
+    spec = [i for i, a in enumerate(model.arms) if not a.is_off]
+    best = model.arms[max(spec, key=lambda i: ref[i])]
+    if name == "vllm-batch-table":
+        mine = [i for i, a in enumerate(model.arms) if a.drafter == best.drafter]
+        table: dict[str, int] = {}
+        for b in TABLE_BATCHES:
+            g = _mix_goodput(scenario, b)
+            i = max(mine, key=lambda i: g[i])
+            table[str(b)] = int(model.arm_k[i]) if g[i] > g[arm_names.index("off")] else 0
+        return {"drafter": best.drafter, "table": table}
+    if name == "sglang-ema":
+        max_k = model.drafters[best.drafter]
+        steps = sorted({min(k, max_k) for k in (1, 3, 7)} | {best.k})
+        return {"drafter": best.drafter, "candidate_steps": steps, "initial_steps": best.k}
+    if name == "trtllm-threshold":
+        params: dict[str, Any] = {"arm": best.name}
+        for b in range(1, 1025):
+            g = _mix_goodput(scenario, b)
+            if g[arm_names.index(best.name)] < g[arm_names.index("off")]:
+                params["max_concurrency"] = b - 1
+                break
+        return params
+    return {}
+
+
+def build_policy(name: str, scenario: Scenario, world: World) -> Policy:
+    if name == "oracle":
+        return OraclePolicy(world)
+    if name == "static-off":
+        return StaticPolicy(OFF)
+    if name == "best-static":
+        return StaticPolicy(best_static_arm(scenario))
+    if name.startswith("static:"):
+        return StaticPolicy(parse_arm(name.removeprefix("static:")))
+    return make_policy(name, baseline_params(name, scenario))
+
+
+def run_policy(
+    scenario: Scenario,
+    name: str,
+    *,
+    seed: int,
+    report_every: int = 8,
+    progress: Progress | None = None,
+) -> RunRecord:
+    """One policy over one scenario, in-process through the production path."""
+    world = World(scenario, np.random.default_rng([seed, 0]))
+    policy = build_policy(name, scenario, world)
+    book = PolicyBook(
+        policy, policy_name=name, max_classes=max(64, len(scenario.model.classes) + 1)
+    )
+    link = InProcessLink(book, scenario.model.drafters, report_every=report_every)
+    engine = SimulatedEngine(world, link, seed=seed)
+
+    def tick(step: int) -> None:
+        if progress is not None:
+            progress(f"{scenario.name}: {name} step {step}/{scenario.steps}")
+
+    record = engine.run(scenario.steps, tick)
+    record.policy_versions = link.policy_versions
+    return record
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b > 0 and math.isfinite(a / b) else None
+
+
+def _goodput(tokens: np.ndarray, time_s: np.ndarray) -> float:
+    t = float(time_s.sum())
+    return float(tokens.sum()) / t if t > 0 else float("nan")
+
+
+def _windows(blocks: int) -> list[tuple[int, int]]:
+    n = min(REGRET_WINDOWS, blocks)
+    edges = np.linspace(0, blocks, n + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if b > a]
+
+
+def class_goodput(run: RunRecord, blocks: slice = slice(None)) -> FloatArray:
+    """Goodput per class over these accounting blocks (NaN where a class ran no time)."""
+    tokens = run.tokens[blocks].sum(axis=0)
+    time_s = run.time_s[blocks].sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(time_s > 0, tokens / np.where(time_s > 0, time_s, 1.0), np.nan)
+
+
+def weighted_ratio(
+    run: RunRecord, ref: RunRecord, weights: FloatArray, blocks: slice = slice(None)
+) -> float | None:
+    """Traffic-weighted mean over classes of goodput(run) / goodput(ref).
+
+    Per class and then weighted, not total over total: in a closed loop a
+    faster policy finishes requests of fast classes sooner, which shifts the
+    class composition of the batch and would move a pooled ratio by itself.
+    """
+    ratio = class_goodput(run, blocks) / class_goodput(ref, blocks)
+    ok = np.isfinite(ratio) & (weights > 0)
+    if not ok.any():
+        return None
+    return round(float(np.sum(ratio[ok] * weights[ok]) / np.sum(weights[ok])), 4)
+
+
+def adaptation_steps(
+    run: RunRecord, oracle: RunRecord, class_id: int, event_step: int, end_step: int
+) -> int | None:
+    """Steps from an event until the class's goodput over a trailing window, all after the
+    event, is within ADAPT_WITHIN of the oracle's over the same window (None: not
+    before ``end_step``). Resolution: one accounting block."""
+    first = -(-event_step // run.block_steps)  # first block that starts after the event
+    last = min(run.tokens.shape[0], end_step // run.block_steps)
+    w = ADAPT_WINDOW_BLOCKS
+    for b in range(first + w, last + 1):
+        mine = _goodput(run.tokens[b - w : b, class_id], run.time_s[b - w : b, class_id])
+        best = _goodput(oracle.tokens[b - w : b, class_id], oracle.time_s[b - w : b, class_id])
+        if best > 0 and mine >= (1.0 - ADAPT_WITHIN) * best:
+            return b * run.block_steps - event_step
+    return None
+
+
+def summarize_run(
+    scenario: Scenario, runs: dict[str, RunRecord], best_static: Arm
+) -> dict[str, dict[str, Any]]:
+    """Per policy: goodput ratios overall and per class, arm shares, regret, adaptation.
+
+    Overall ratios are traffic-weighted means of the per-class ratios
+    (:func:`weighted_ratio`), with each class weighted by its share of the
+    oracle run's request-rounds.
+    """
+    oracle, off, static = runs["oracle"], runs["static-off"], runs["best-static"]
+    classes = scenario.model.classes
+    traffic = oracle.rounds.sum(axis=1).astype(np.float64)
+    weights = traffic / max(traffic.sum(), 1.0)
+    oracle_arm = [oracle.arms[int(np.argmax(oracle.rounds[c]))] for c in range(len(classes))]
+    windows = _windows(oracle.tokens.shape[0])
+    events = sorted(scenario.events, key=lambda e: e.step)
+    ref_goodput = {k: class_goodput(r) for k, r in (("o", oracle), ("off", off), ("s", static))}
+    out: dict[str, dict[str, Any]] = {}
+    for name, run in runs.items():
+        goodput = class_goodput(run)
+        per_class: dict[str, Any] = {}
+        for c, cls in enumerate(classes):
+            rounds = run.rounds[c]
+            n = max(int(rounds.sum()), 1)
+            shares = {
+                run.arms[a]: round(float(rounds[a]) / n, 4)
+                for a in np.argsort(-rounds)
+                if rounds[a] > 0
+            }
+            g = float(goodput[c])
+            per_class[cls] = {
+                "traffic_share": round(float(weights[c]), 4),
+                "goodput_tok_s": round(g, 2) if math.isfinite(g) else None,
+                "goodput_vs_oracle": _ratio(g, float(ref_goodput["o"][c])),
+                "goodput_vs_no_spec": _ratio(g, float(ref_goodput["off"][c])),
+                "goodput_vs_best_static": _ratio(g, float(ref_goodput["s"][c])),
+                "oracle_arm": oracle_arm[c],
+                "arm_share": shares,
+            }
+        regret_curve = []
+        cumulative = 0.0
+        for a, b in windows:
+            blocks = slice(a, b)
+            best = class_goodput(oracle, blocks)
+            time_s = run.time_s[blocks].sum(axis=0)
+            tokens = run.tokens[blocks].sum(axis=0)
+            cumulative += float(np.nansum(best * time_s - tokens))
+            regret_curve.append(
+                {
+                    "step": min(b * run.block_steps, scenario.steps),
+                    "goodput_vs_oracle": weighted_ratio(run, oracle, weights, blocks),
+                    "cumulative_regret_tokens": round(cumulative, 1),
+                }
+            )
+        adapt = []
+        for i, e in enumerate(events):
+            if isinstance(e, AcceptanceChange):
+                end = next(
+                    (x.step for x in events[i + 1 :] if isinstance(x, AcceptanceChange)),
+                    scenario.steps,
+                )
+                steps = adaptation_steps(run, oracle, classes.index(e.workload_class), e.step, end)
+                adapt.append(
+                    {
+                        "step": e.step,
+                        "event": f"{e.workload_class} acceptance x{e.scale:g}",
+                        "steps_to_adapt": steps,
+                    }
+                )
+        out[name] = {
+            "goodput_tok_s": round(_goodput(run.tokens, run.time_s), 2),
+            "goodput_vs_oracle": weighted_ratio(run, oracle, weights),
+            "goodput_vs_no_spec": weighted_ratio(run, off, weights),
+            "goodput_vs_best_static": weighted_ratio(run, static, weights),
+            "classes": per_class,
+            "regret_over_time": regret_curve,
+            "adaptation": adapt,
+            "policy_versions": run.policy_versions,
+        }
+    return out
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    best_static: Arm
+    runs: dict[str, RunRecord]
+    summary: dict[str, dict[str, Any]]
+
+
+def run_scenario(
+    scenario: Scenario,
+    policies: Sequence[str],
+    *,
+    seed: int,
+    report_every: int = 8,
+    progress: Progress | None = None,
+) -> ScenarioResult:
+    names = list(dict.fromkeys([*policies, *REFERENCES]))
+    runs = {
+        name: run_policy(scenario, name, seed=seed, report_every=report_every, progress=progress)
+        for name in names
+    }
+    best = best_static_arm(scenario)
+    return ScenarioResult(scenario, best, runs, summarize_run(scenario, runs, best))
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return round(float(np.mean(kept)), 4) if kept else None
+
+
+def benchmark_json(
+    scenario_name: str, results: Sequence[ScenarioResult], *, steps: int, seed: int
+) -> dict[str, Any]:
+    """The benchmark's JSON: ``policies`` keyed by policy name, means over the scenario runs."""
+    names = list(results[0].summary) if results else []
+    policies: dict[str, Any] = {}
+    for name in names:
+        per_run = {r.scenario.name: r.summary[name] for r in results}
+        adapt = [a["steps_to_adapt"] for s in per_run.values() for a in s["adaptation"]]
+        policies[name] = {
+            "goodput_vs_oracle": _mean([s["goodput_vs_oracle"] for s in per_run.values()]),
+            "goodput_vs_no_spec": _mean([s["goodput_vs_no_spec"] for s in per_run.values()]),
+            "goodput_vs_best_static": _mean(
+                [s["goodput_vs_best_static"] for s in per_run.values()]
+            ),
+            "steps_to_adapt": adapt,
+            "runs": per_run,
+        }
+    return {
+        "scenario": scenario_name,
+        "steps": steps,
+        "seed": seed,
+        "goodput": "committed tokens per second of engine time",
+        "aggregate": "ratios under 'policies' are means over the scenario's runs",
+        "scenarios": {
+            r.scenario.name: {
+                "description": r.scenario.description,
+                "target": r.scenario.model.target,
+                "classes": list(r.scenario.model.classes),
+                "best_static_arm": r.best_static.name,
+                "baseline_params": {
+                    n: baseline_params(n, r.scenario)
+                    for n in names
+                    if baseline_params(n, r.scenario)
+                },
+                "events": [_event_json(e) for e in r.scenario.events],
+            }
+            for r in results
+        },
+        "policies": policies,
+    }
+
+
+def _event_json(e: object) -> dict[str, Any]:
+    if isinstance(e, AcceptanceChange):
+        return {"step": e.step, "kind": "acceptance", "class": e.workload_class, "scale": e.scale}
+    if isinstance(e, MixChange):
+        return {"step": e.step, "kind": "mix", "weights": e.weights}
+    if isinstance(e, LoadChange):
+        return {"step": e.step, "kind": "load", "batch": e.batch}
+    raise TypeError(f"unknown event {e!r}")

@@ -1,0 +1,318 @@
+"""The simulated engine: a world of running requests and the engine's own step path.
+
+:class:`World` is the ground truth: ``batch`` concurrent requests (a closed
+loop: a finished request is replaced by one whose class follows the current
+mix), and per step, for each request, the number of draft tokens accepted,
+drawn as the first rejection among K Bernoulli trials with the table's
+conditional rates, so noise is real.
+
+:class:`SimulatedEngine` is what a vLLM engine with the specctl scheduler does
+per step: for each (class, load bucket) present it samples an arm from its
+compiled :class:`~controller.engine.policy_view.PolicyView` (one sample per
+class per step, applied to every request of the class), records the step as a
+:class:`~controller.steps.StepRecord`, and every ``report_every`` steps sends
+``encode_step_report`` to a link. :class:`InProcessLink` decodes and validates
+it with ``decode_step_report``, feeds the :class:`~controller.sidecar.book.PolicyBook`
+and compiles ``policy_for`` back into the engine, exactly as the sidecar and
+the engine's client do across gRPC (:mod:`controller.sim.grpc_link`).
+
+Time. A step of ``B`` requests lasts ``base_step_time(B) / B * sum_i cost_i``
+(times a small log-normal noise), where ``cost_i`` is the cost of request i's
+round in plain decode steps (:mod:`controller.sim.table`); each request is
+charged its own ``cost_i`` share of the step. A class's goodput is the tokens
+its requests committed over the time charged to them, so classes sharing a
+step do not pay for each other's drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.api import pb
+from controller.arms import OFF, Arm
+from controller.engine.policy_view import PolicyView, compile_policy, fallback_view
+from controller.sidecar.book import PolicyBook
+from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+from controller.steps import StepRecord, decode_step_report, encode_step_report
+
+STEP_TIME_NOISE = 0.02  # log-normal sigma of a step's wall time
+BLOCK_STEPS = 50  # resolution of the per-class accounting over time
+START_UNIX_S = 1_790_000_000.0
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class World:
+    """The simulated requests, the true acceptance and cost, and the scenario's events."""
+
+    def __init__(self, scenario: Scenario, rng: np.random.Generator) -> None:
+        self.scenario = scenario
+        self.model = scenario.model
+        self.rng = rng
+        self.step = 0
+        self.batch_size = scenario.batch
+        self.acceptance_scale = np.ones(len(self.model.classes))
+        self.mix = scenario.mix_vector()
+        self._events = sorted(scenario.events, key=lambda e: e.step)
+        self._next_event = 0
+        self._class_id = {c: i for i, c in enumerate(self.model.classes)}
+        self.slot_class = self._new_classes(self.batch_size)
+        self.slot_remaining = self._new_lengths(self.batch_size)
+        self.truth_version = 0
+        self._refresh_truth()
+
+    # ----------------------------------------------------------- truth
+
+    def _refresh_truth(self) -> None:
+        self.conditional = np.clip(
+            self.model.conditional * self.acceptance_scale[:, None, None], 0.0, 1.0
+        )
+        self.expected_tokens = self.model.expected_tokens(self.acceptance_scale)
+        self.cost = self.model.cost(self.batch_size)
+        self.base_step_time_s = self.model.base_step_time_s(self.batch_size)
+        # goodput[c, a] in tokens per second of one request's share of a step
+        self.goodput = self.expected_tokens / (self.cost * self.base_step_time_s / self.batch_size)
+        self.truth_version += 1
+
+    def best_arm(self, class_id: int) -> int:
+        """The arm with the highest expected goodput for a class, now."""
+        return int(np.argmax(self.goodput[class_id]))
+
+    # ----------------------------------------------------------- requests
+
+    def _new_classes(self, n: int) -> IntArray:
+        return self.rng.choice(len(self.mix), size=n, p=self.mix).astype(np.int64)
+
+    def _new_lengths(self, n: int) -> IntArray:
+        mean = self.scenario.mean_output_tokens
+        return self.rng.geometric(1.0 / mean, size=n).astype(np.int64)
+
+    def apply_events(self) -> list[object]:
+        """Apply the events due at the current step; return them."""
+        fired: list[object] = []
+        changed = False
+        while (
+            self._next_event < len(self._events)
+            and self._events[self._next_event].step <= self.step
+        ):
+            e = self._events[self._next_event]
+            self._next_event += 1
+            fired.append(e)
+            if isinstance(e, AcceptanceChange):
+                self.acceptance_scale[self._class_id[e.workload_class]] = e.scale
+                changed = True
+            elif isinstance(e, MixChange):
+                self.mix = self.scenario.mix_vector(e.weights)
+            elif isinstance(e, LoadChange) and e.batch != self.batch_size:
+                n = len(self.slot_class)
+                if e.batch > n:
+                    self.slot_class = np.concatenate(
+                        [self.slot_class, self._new_classes(e.batch - n)]
+                    )
+                    self.slot_remaining = np.concatenate(
+                        [self.slot_remaining, self._new_lengths(e.batch - n)]
+                    )
+                else:
+                    self.slot_class = self.slot_class[: e.batch]
+                    self.slot_remaining = self.slot_remaining[: e.batch]
+                self.batch_size = e.batch
+                changed = True
+        if changed:
+            self._refresh_truth()
+        return fired
+
+    def run_round(self, request_arm: IntArray) -> tuple[IntArray, IntArray, FloatArray, float]:
+        """One step with these arms per request: (drafted, accepted, charged seconds, step time)."""
+        cls = self.slot_class
+        k = self.model.arm_k[request_arm]
+        width = self.model.max_k
+        if width and k.any():
+            rates = self.conditional[cls, request_arm]
+            ok = self.rng.random((len(cls), width)) < rates
+            accepted = np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
+        else:
+            accepted = np.zeros(len(cls), dtype=np.int64)
+        cost = self.cost[cls, request_arm]
+        noise = float(np.exp(self.rng.normal(0.0, STEP_TIME_NOISE)))
+        share = self.base_step_time_s / self.batch_size * noise
+        charged = cost * share
+        step_time = float(charged.sum())
+        # requests advance; finished ones are replaced by new arrivals
+        self.slot_remaining -= accepted + 1
+        done = np.flatnonzero(self.slot_remaining <= 0)
+        if len(done):
+            self.slot_class = self.slot_class.copy()
+            self.slot_class[done] = self._new_classes(len(done))
+            self.slot_remaining[done] = self._new_lengths(len(done))
+        self.step += 1
+        return k, accepted, charged, step_time
+
+
+@dataclass
+class RunRecord:
+    """What one run committed and spent, per class over time and per (class, arm)."""
+
+    classes: tuple[str, ...]
+    arms: tuple[str, ...]
+    steps: int
+    block_steps: int = BLOCK_STEPS
+    tokens: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))  # [block, class]
+    time_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))  # [block, class]
+    rounds: IntArray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # [class, arm]
+    batch_size: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))  # [block]
+    policy_versions: int = 0
+
+    def __post_init__(self) -> None:
+        blocks = -(-self.steps // self.block_steps)
+        c, a = len(self.classes), len(self.arms)
+        self.tokens = np.zeros((blocks, c))
+        self.time_s = np.zeros((blocks, c))
+        self.rounds = np.zeros((c, a), dtype=np.int64)
+        self.batch_size = np.zeros(blocks, dtype=np.int64)
+
+    def add(
+        self, step: int, cls: IntArray, arm: IntArray, committed: IntArray, charged: FloatArray
+    ) -> None:
+        b = step // self.block_steps
+        c = len(self.classes)
+        self.tokens[b] += np.bincount(cls, weights=committed, minlength=c)
+        self.time_s[b] += np.bincount(cls, weights=charged, minlength=c)
+        np.add.at(self.rounds, (cls, arm), 1)
+        self.batch_size[b] = max(self.batch_size[b], len(cls))
+
+
+class Link(Protocol):
+    """Where an engine's step records go and its policy comes from."""
+
+    @property
+    def view(self) -> PolicyView: ...
+
+    def push(self, record: StepRecord) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class SimulatedEngine:
+    """The engine side of one simulated vLLM instance: sample arms, run the step, record it."""
+
+    def __init__(self, world: World, link: Link, *, seed: int) -> None:
+        self.world = world
+        self.link = link
+        self.model = world.model
+        self.rng = np.random.default_rng([seed, 1])
+        self.clock_s = START_UNIX_S
+        self._arm_id = {a: i for i, a in enumerate(self.model.arms)}
+        self._arm_names = [a.name for a in self.model.arms]
+        self._class_names = list(self.model.classes)
+        self.record = RunRecord(
+            classes=self.model.classes, arms=tuple(self._arm_names), steps=world.scenario.steps
+        )
+
+    def step(self) -> None:
+        world = self.world
+        world.apply_events()
+        view = self.link.view
+        cls = world.slot_class
+        batch = len(cls)
+        bucket = view.load_bucket(batch)
+        counts = np.bincount(cls, minlength=len(self._class_names))
+        present = np.flatnonzero(counts)
+        arm_of_class = np.zeros(len(counts), dtype=np.int64)
+        prop_of_class = np.ones(len(counts))
+        for c, u in zip(present.tolist(), self.rng.random(len(present)).tolist(), strict=True):
+            choice = view.choose(self._class_names[c], bucket, u)
+            arm_of_class[c] = self._arm_id[choice.arm]
+            prop_of_class[c] = choice.propensity
+        request_arm = arm_of_class[cls]
+        step_index = world.step
+        drafted, accepted, charged, step_time = world.run_round(request_arm)
+        self.record.add(step_index, cls, request_arm, accepted + 1, charged)
+        self.clock_s += step_time
+        names = self._class_names
+        arm_names = self._arm_names
+        self.link.push(
+            StepRecord(
+                step_index=step_index,
+                step_time_s=step_time,
+                batch_size=batch,
+                num_scheduled_tokens=int(batch + drafted.sum()),
+                policy_version=view.version,
+                load_bucket=bucket,
+                step_end_unix_s=self.clock_s,
+                classes=[names[c] for c in cls.tolist()],
+                arms=[arm_names[a] for a in request_arm.tolist()],
+                propensity=prop_of_class[cls].tolist(),
+                drafted=drafted.tolist(),
+                accepted=accepted.tolist(),
+            )
+        )
+
+    def run(self, steps: int, progress: Callable[[int], None] | None = None) -> RunRecord:
+        for i in range(steps):
+            self.step()
+            if progress is not None and (i + 1) % 500 == 0:
+                progress(i + 1)
+        self.link.flush()
+        return self.record
+
+
+class InProcessLink:
+    """The sidecar's path without the network: encode, validate, ingest, compile the policy.
+
+    Every ``report_every`` steps the records become one ``StepReport``, which
+    is decoded and validated as the sidecar does, ingested by the book, and
+    the book's policy for this engine compiled into the engine's view.
+    """
+
+    def __init__(
+        self,
+        book: PolicyBook,
+        offered: Mapping[str, int],
+        *,
+        fallback: Arm = OFF,
+        engine_id: str = "sim-0",
+        report_every: int = 8,
+    ) -> None:
+        self.book = book
+        self.offered = dict(offered)
+        self.fallback = fallback
+        self.engine_id = engine_id
+        self.report_every = report_every
+        self.sequence = 0
+        self.policy_versions = 0
+        self._pending: list[StepRecord] = []
+        self.view: PolicyView = fallback_view(fallback)
+        book.offer(self.offered)
+        self._apply(book.policy_for(self.offered, fallback))
+
+    def _apply(self, policy: pb.Policy) -> None:
+        if policy.version != self.view.version:
+            self.view = compile_policy(policy, self.offered)
+            self.policy_versions += 1
+
+    def push(self, record: StepRecord) -> None:
+        self._pending.append(record)
+        if len(self._pending) >= self.report_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        self.sequence += 1
+        report = encode_step_report(self.sequence, self._pending)
+        self._pending = []
+        batch = decode_step_report(
+            report,
+            engine_id=self.engine_id,
+            offered=self.offered,
+            num_load_buckets=self.view.num_load_buckets,
+        )
+        self.book.ingest(batch)
+        if self.book.version != self.view.version:
+            self._apply(self.book.policy_for(self.offered, self.fallback))
