@@ -167,3 +167,25 @@ def test_metrics_count_reports_and_sessions_go_away(sidecar_factory) -> None:
     wait_for(lambda: scrape(sc.metrics_url)["specctl_engines_connected"] == 0)
     assert scrape(sc.metrics_url)["specctl_engines_in_fallback"] == 0
     assert sc.run(lambda: len(sc.sidecar.sessions)) == 0
+
+
+def test_group_readable_socket_when_configured(sidecar_factory) -> None:
+    sc = sidecar_factory(server_socket_mode="0660")
+    assert stat.S_IMODE(os.stat(unix_socket_path(sc.address)).st_mode) == 0o660
+
+
+def test_engines_beyond_max_engines_are_refused(sidecar_factory) -> None:
+    sc = sidecar_factory(server_max_engines=1)
+    first, second = ScriptedEngine(sc.address), ScriptedEngine(sc.address)
+    try:
+        first.send(hello("first"))
+        first.recv_policy()
+        second.send(hello("second"))
+        error = second.wait_closed()
+        assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "server.max_engines=1" in (error.details() or "")
+        first.send(report(1))  # the connected engine is unaffected
+        assert first.recv_policy(min_version=2).version >= 2
+    finally:
+        first.close()
+        second.close()
