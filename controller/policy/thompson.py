@@ -45,11 +45,13 @@ follow a step change in acceptance is therefore 230 of the class's steps; the
 tests show it.
 
 Switch-off. When ``P(off is best) >= switch_off_confidence`` the context
-runs ``off`` except for ``probe_budget`` of its request-rounds, which run the
-most promising drafter at ``K = probe_k``; those probes keep the acceptance
-and cost of speculation measured, and as old evidence decays toward the prior
-the posterior widens again, so a recovery is found and off is never
-permanent.
+switches off: it runs ``off`` except for ``probe_budget`` of its
+request-rounds, which run the most promising drafter at ``K = probe_k``. It
+stays switched off until ``P(off is best)`` falls below
+``switch_on_confidence`` (hysteresis, so a close call does not flap between
+probing and exploring). The probes keep the acceptance and cost of
+speculation measured, and as old evidence decays toward the prior the
+posterior widens again, so a recovery is found and off is never permanent.
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)
@@ -91,6 +93,7 @@ class SpecctlConfig:
     probe_budget: float = 0.02
     probe_k: int = 1
     switch_off_confidence: float = 0.95
+    switch_on_confidence: float = 0.8
     prior_arm: str | None = None
     cold_start_rounds: float = 200.0
     prior_acceptance: float = 0.6
@@ -114,6 +117,9 @@ class SpecctlConfig:
             "switch_off_confidence": real(
                 "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
             ),
+            "switch_on_confidence": real(
+                "switch_on_confidence", self.switch_on_confidence, 0.0, 1.0, hi_open=True
+            ),
             "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
             "prior_acceptance": real(
                 "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
@@ -132,6 +138,11 @@ class SpecctlConfig:
             "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
             "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
         }
+        if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
+            raise ValueError(
+                f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
+                f"switch_off_confidence={self.switch_off_confidence!r}"
+            )
         if self.prior_arm is not None:
             if not isinstance(self.prior_arm, str):
                 raise ValueError(f"prior_arm={self.prior_arm!r} must be an arm name")
@@ -197,6 +208,8 @@ class SpecctlPolicy(Policy):
         self._bucket_version = np.zeros(self.num_buckets, dtype=np.int64)
         self._arms_version = 0
         self._decisions: dict[tuple[str | None, int], tuple[tuple[int, int, int], Decision]] = {}
+        # contexts switched off: they stay off until P(spec loses) < switch_on_confidence
+        self._switched_off: set[tuple[str, int]] = set()
         self._cost_posterior: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # posterior draws are computed in float32: twice as fast, and far more precise
@@ -283,6 +296,7 @@ class SpecctlPolicy(Policy):
         self._last_update[slot] = 0
         for b in range(self.num_buckets):
             self._decisions.pop((name, b), None)
+            self._switched_off.discard((name, b))
 
     def _next_tick(self) -> int:
         self._tick += 1
@@ -305,7 +319,7 @@ class SpecctlPolicy(Policy):
 
     def update_params(self, batch: StepBatch) -> None:
         s = batch.num_steps
-        depth = np.zeros((s, self.config.max_drafters))
+        depth: np.ndarray = np.zeros((s, self.config.max_drafters))
         decode_tokens: np.ndarray = np.zeros(s)
         tick = self._next_tick()
         if batch.num_rows:
@@ -333,15 +347,21 @@ class SpecctlPolicy(Policy):
             decode_tokens = np.bincount(
                 batch.request_step, weights=batch.drafted + 1.0, minlength=s
             )
-            # deepest K per (step, drafter): which arms ran in which step
-            arm_k = np.array([a.k for a in batch.arms], dtype=np.float64)
-            ran = np.zeros((s, len(batch.arms)))
-            ran[batch.request_step, batch.arm_index] = arm_k[batch.arm_index]
-            for i, slot in enumerate(drafter_slots[1:], start=1):
+            # deepest K per (step, drafter slot): which arms ran in which step, times
+            # each arm's K placed in its drafter's column
+            arm_depth = np.zeros((len(batch.arms), self.config.max_drafters))
+            untracked = []
+            for i, arm in enumerate(batch.arms):
+                slot = int(drafter_slots[arm_drafter[i]])
                 if slot >= 0:
-                    depth[:, slot] = ran[:, arm_drafter == i].max(axis=1)
-                else:
-                    self.rows_untracked += int(np.count_nonzero(drafter_index == i))
+                    arm_depth[i, slot] = arm.k
+                elif not arm.is_off:
+                    untracked.append(i)
+            if untracked:
+                self.rows_untracked += int(np.isin(batch.arm_index, untracked).sum())
+            ran = np.zeros((s, len(batch.arms), 1))
+            ran[batch.request_step, batch.arm_index] = 1.0
+            depth = (ran * arm_depth).max(axis=1)
         steps = self.load.update(batch, decode_tokens)
         bucket = np.minimum(batch.load_bucket, self.num_buckets - 1)
         self.cost.update(
@@ -367,7 +387,7 @@ class SpecctlPolicy(Policy):
         cached = self._decisions.get(key)
         if cached is not None and cached[0] == versions:
             return cached[1]
-        decision = self._decide(slot, load_bucket)
+        decision = self._decide(slot, load_bucket, key[0])
         self._decisions[key] = (versions, decision)
         return decision
 
@@ -378,7 +398,7 @@ class SpecctlPolicy(Policy):
                 f"(bounds {list(self.load_bucket_bounds)})"
             )
 
-    def _decide(self, slot: int | None, bucket: int) -> Decision:
+    def _decide(self, slot: int | None, bucket: int, workload_class: str | None) -> Decision:
         arms = self._arms
         if len(arms) == 1:
             return Decision.point(OFF, "off: no speculative arm offered")
@@ -386,7 +406,15 @@ class SpecctlPolicy(Policy):
         p_best = samples.prob_best()
         p_loses = float(p_best[0])
         cfg = self.config
-        if p_loses >= cfg.switch_off_confidence:
+        context = (workload_class or "", bucket)
+        was_off = workload_class is not None and context in self._switched_off
+        threshold = cfg.switch_on_confidence if was_off else cfg.switch_off_confidence
+        if workload_class is not None:
+            if p_loses >= threshold:
+                self._switched_off.add(context)
+            else:
+                self._switched_off.discard(context)
+        if p_loses >= threshold:
             probs = np.zeros(len(arms))
             probe = self._probe_index(samples)
             if probe is None or cfg.probe_budget == 0.0:
@@ -555,6 +583,12 @@ class SpecctlPolicy(Policy):
             "load_steps": self.load.steps.copy(),
             "load_batch_sum": self.load.batch_sum.copy(),
             "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
+            "switched_off_classes": np.array(
+                [c for c, _ in sorted(self._switched_off)], dtype=np.str_
+            ),
+            "switched_off_buckets": np.array(
+                [b for _, b in sorted(self._switched_off)], dtype=np.int64
+            ),
             "classes_evicted": float(self.classes_evicted),
         }
 
@@ -599,6 +633,14 @@ class SpecctlPolicy(Policy):
         self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
         self._drafter_slot = {d: i for i, d in enumerate(drafters)}
         self.classes_evicted = int(float(state["classes_evicted"]))
+        self._switched_off = {
+            (str(c), int(b))
+            for c, b in zip(
+                np.asarray(state["switched_off_classes"]).ravel(),
+                np.asarray(state["switched_off_buckets"]).ravel(),
+                strict=True,
+            )
+        }
         self._tick = max(self._tick, int(self._last_update.max(initial=0)))
         self._decisions.clear()
         self._cost_posterior.clear()
