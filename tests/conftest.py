@@ -61,3 +61,11 @@ def sidecar(sidecar_factory: SidecarFactory) -> SidecarThread:
     ``.address`` is its gRPC target, ``.metrics_url`` its /metrics, ``.sidecar`` the server.
     """
     return sidecar_factory("unix")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Llama with its tokenizer, built once per session (no download)."""
+    from controller.demo.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))

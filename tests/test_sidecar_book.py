@@ -247,3 +247,15 @@ def test_vectorised_counters_match_a_row_by_row_count(raw) -> None:
         for arm in ("off", "ngram/k=1", "ngram/k=3", "ngram/k=4"):
             got = _value(book, "specctl_arm_rounds_total", workload_class=cls, arm=arm)
             assert got == expect[("arm_rounds", cls, arm)]
+
+
+def test_fallback_change_is_a_new_version_for_every_engine() -> None:
+    book = PolicyBook(make_policy("static", {"arm": "off"}))
+    book.offer(OFFERED)
+    before = book.policy_for(OFFERED, OFF)
+    assert before.fallback_arm == "off"
+    v = book.set_fallback_arm(parse_arm("ngram/k=2"))
+    assert v == before.version + 1
+    assert book.policy_for(OFFERED, OFF).fallback_arm == "ngram/k=2"
+    assert book.policy_for({}, OFF).fallback_arm == "off"  # not runnable there
+    assert book.set_fallback_arm(parse_arm("ngram/k=2")) == v  # unchanged: same version

@@ -178,9 +178,16 @@ class SidecarClient:
     def _requests(self, done: threading.Event) -> Iterator[pb.EngineMessage]:
         """Hello, then reports and status until the stream ends; runs on gRPC's thread."""
         yield pb.EngineMessage(hello=self.hello)
+        # Where the engine stands (e.g. in fallback since the last sidecar went away).
+        view = self.view
+        last_status: tuple[bool, int, int] | None = (
+            view.version == 0,
+            view.version,
+            self.steps_dropped_total,
+        )
+        last_status_at = time.monotonic()
+        yield pb.EngineMessage(status=self._status())
         sequence = 0
-        last_status: tuple[bool, int, int] | None = None
-        last_status_at = 0.0
         interval = self.config.report_interval_s
         while not done.wait(interval):
             self._check_age()

@@ -248,6 +248,7 @@ class PolicyBook:
             for k in keys
         ]
         changed = self._republish(contexts, force=False)
+        self._stale_evidence.update(contexts)
         if new_classes and not changed:
             self._bump()
             changed = True
@@ -368,6 +369,13 @@ class PolicyBook:
             raise UnknownClassError(workload_class)
         self.policy.reset_class(workload_class)
         self._republish([(workload_class, b) for b in range(self.num_load_buckets)], force=True)
+        return self.version
+
+    def set_fallback_arm(self, arm: Arm | None) -> int:
+        """Change the fallback every engine is told (None: each engine's own); a new version."""
+        if arm != self.fallback_arm:
+            self.fallback_arm = arm
+            self._bump()
         return self.version
 
     def replace_policy(self, policy: Policy, policy_name: str | None = None) -> int:

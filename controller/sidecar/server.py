@@ -53,6 +53,8 @@ ENGINE_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 # ReportRejected messages kept for a slow engine; older ones are dropped first.
 MAX_PENDING_REJECTIONS = 64
 CONFIG_POLL_S = 1.0
+# A misbehaving engine could send a bad report every step: log one per interval.
+REJECTION_LOG_INTERVAL_S = 5.0
 ADMIN_DISABLED = "admin calls are disabled; set admin.enabled"
 
 
@@ -146,6 +148,8 @@ class Session:
     status: pb.EngineStatus | None = None
     dropped_reported: int = 0
     pushed_version: int = 0
+    rejection_logged_at: float = -1e9
+    rejections_unlogged: int = 0
     # (status code, message) that ends the stream, set by the reader
     error: tuple[grpc.StatusCode, str] | None = None
 
@@ -508,13 +512,19 @@ class Sidecar:
             )
         except ReportError as exc:
             m.reports_rejected.labels(exc.reason).inc()
-            log.warning(
-                "report_rejected",
-                engine_id=session.engine_id,
-                sequence=report.sequence,
-                reason=exc.reason,
-                error=exc.message,
-            )
+            session.rejections_unlogged += 1
+            if received_at - session.rejection_logged_at >= REJECTION_LOG_INTERVAL_S:
+                # at most one line per engine per interval; the metric counts them all
+                log.warning(
+                    "report_rejected",
+                    engine_id=session.engine_id,
+                    sequence=report.sequence,
+                    reason=exc.reason,
+                    error=exc.message,
+                    rejections=session.rejections_unlogged,
+                )
+                session.rejection_logged_at = received_at
+                session.rejections_unlogged = 0
             session.outbox.put_rejection(
                 pb.ReportRejected(
                     sequence=report.sequence,
@@ -630,11 +640,10 @@ class Sidecar:
         version = book.version
         book.push_threshold = new.policy.push_threshold
         if new.policy.fallback_arm != old.policy.fallback_arm:
-            book.fallback_arm = (
+            # the fallback is part of every engine's policy: a new version
+            book.set_fallback_arm(
                 parse_arm(new.policy.fallback_arm) if new.policy.fallback_arm else None
             )
-            book.version += 1  # the fallback is part of every engine's policy
-            book.metrics.policy_version.set(book.version)
         if policy is not None:
             book.replace_policy(policy, new.policy.name)
         for cls in old.policy.overrides.keys() | new.policy.overrides.keys():
