@@ -56,6 +56,21 @@ class CostModel:
         self, bucket: np.ndarray, tokens: np.ndarray, depth: np.ndarray, step_time_s: np.ndarray
     ) -> None:
         """One row per step: bucket, tokens verified, depth per drafter slot, step time."""
+        if bucket.shape[0] == 1:  # the common one-step report, without ufunc.at
+            b = int(bucket[0])
+            d = self.discount
+            y = float(step_time_s[0])
+            x1 = np.empty(self.num_features)
+            x1[0] = 1.0
+            x1[1] = tokens[0]
+            x1[2:] = depth[0]
+            self.xtx[b] *= d
+            self.xtx[b] += np.outer(x1, x1)
+            self.xty[b] *= d
+            self.xty[b] += y * x1
+            self.yy[b] = self.yy[b] * d + y * y
+            self.steps[b] = self.steps[b] * d + 1.0
+            return
         nb = self.steps.shape[0]
         n = np.bincount(bucket, minlength=nb).astype(np.float64)
         decay = self.discount**n

@@ -40,21 +40,28 @@ class BucketLoad:
     def update(self, batch: StepBatch, decode_tokens: np.ndarray) -> np.ndarray:
         """Learn from ``batch``; ``decode_tokens[i]`` is 1 + drafted summed over step i's rows.
 
-        Returns the number of steps per bucket in the batch (for the caller's decay).
+        Returns each step's bucket (clipped to the buckets this tracker knows).
         """
         nb = self.num_buckets
+        d = self.discount
         bucket = np.minimum(batch.load_bucket, nb - 1)
+        extra = batch.num_scheduled_tokens - decode_tokens
+        if bucket.shape[0] == 1:  # the common one-step report, without bincounts
+            b = int(bucket[0])
+            self.steps[b] = self.steps[b] * d + 1.0
+            self.batch_sum[b] = self.batch_sum[b] * d + float(batch.batch_size[0])
+            self.extra_tokens_sum[b] = self.extra_tokens_sum[b] * d + max(float(extra[0]), 0.0)
+            return bucket
         n = np.bincount(bucket, minlength=nb).astype(np.float64)
-        decay = self.discount**n
-        extra = np.maximum(batch.num_scheduled_tokens - decode_tokens, 0).astype(np.float64)
+        decay = d**n
         self.steps = self.steps * decay + n
         self.batch_sum = self.batch_sum * decay + np.bincount(
             bucket, weights=batch.batch_size.astype(np.float64), minlength=nb
         )
         self.extra_tokens_sum = self.extra_tokens_sum * decay + np.bincount(
-            bucket, weights=extra, minlength=nb
+            bucket, weights=np.maximum(extra, 0.0).astype(np.float64), minlength=nb
         )
-        return n
+        return bucket
 
     def batch_size(self, bucket: int) -> float:
         w = self.PRIOR_STEPS

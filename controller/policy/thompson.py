@@ -359,15 +359,16 @@ class SpecctlPolicy(Policy):
                     untracked.append(i)
             if untracked:
                 self.rows_untracked += int(np.isin(batch.arm_index, untracked).sum())
-            ran = np.zeros((s, len(batch.arms), 1))
-            ran[batch.request_step, batch.arm_index] = 1.0
-            depth = (ran * arm_depth).max(axis=1)
-        steps = self.load.update(batch, decode_tokens)
-        bucket = np.minimum(batch.load_bucket, self.num_buckets - 1)
-        self.cost.update(
-            bucket, batch.num_scheduled_tokens.astype(np.float64), depth, batch.step_time_s
-        )
-        self._bucket_version[steps > 0] = tick
+            if s == 1:
+                ran = np.bincount(batch.arm_index, minlength=len(batch.arms)) > 0
+                depth = arm_depth[ran].max(axis=0, keepdims=True)
+            else:
+                ran_in_step = np.zeros((s, len(batch.arms), 1))
+                ran_in_step[batch.request_step, batch.arm_index] = 1.0
+                depth = (ran_in_step * arm_depth).max(axis=1)
+        bucket = self.load.update(batch, decode_tokens)
+        self.cost.update(bucket, batch.num_scheduled_tokens, depth, batch.step_time_s)
+        self._bucket_version[bucket] = tick
 
     def reset_class(self, workload_class: str) -> None:
         if workload_class in self._class_slot:
@@ -627,13 +628,8 @@ class SpecctlPolicy(Policy):
                 raise ValueError(
                     f"state[{name!r}] has shape {value.shape}, expected {target.shape}"
                 )
-        for name, target in arrays.items():
-            target[...] = np.asarray(state[name], dtype=target.dtype)
-        self._slot_class = [str(c) or None for c in classes]
-        self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
-        self._drafter_slot = {d: i for i, d in enumerate(drafters)}
-        self.classes_evicted = int(float(state["classes_evicted"]))
-        self._switched_off = {
+        evicted = int(float(state["classes_evicted"]))
+        switched_off = {
             (str(c), int(b))
             for c, b in zip(
                 np.asarray(state["switched_off_classes"]).ravel(),
@@ -641,12 +637,24 @@ class SpecctlPolicy(Policy):
                 strict=True,
             )
         }
+        # everything checked: from here on nothing can fail half-way
+        for name, target in arrays.items():
+            target[...] = np.asarray(state[name], dtype=target.dtype)
+        self._slot_class = [str(c) or None for c in classes]
+        self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
+        self._drafter_slot = {d: i for i, d in enumerate(drafters)}
+        self.classes_evicted = evicted
+        self._switched_off = switched_off
         self._tick = max(self._tick, int(self._last_update.max(initial=0)))
         self._decisions.clear()
         self._cost_posterior.clear()
         self._tokens.clear()
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
+        # the offered arms' drafters keep their restored slots; new ones get free slots
+        self._arms = tuple(
+            a for a in self._arms if a.is_off or self._slot_of_drafter(a.drafter) >= 0
+        )
         self.set_arms(self._arms)
 
 
