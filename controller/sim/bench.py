@@ -41,6 +41,7 @@ REFERENCES = ("oracle", "static-off", "best-static")
 ADAPT_WITHIN = 0.05  # "back within 5% of the oracle"
 ADAPT_WINDOW_BLOCKS = 5  # trailing window for time-to-adapt, in accounting blocks
 REGRET_WINDOWS = 40
+SPEC_LOSES_OFF_SHARE = 0.95  # cells where the oracle ran off this often: speculation loses
 
 Progress = Callable[[str], None]
 
@@ -187,28 +188,36 @@ def _windows(blocks: int) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in itertools.pairwise(edges) if b > a]
 
 
-def class_goodput(run: RunRecord, blocks: slice = slice(None)) -> FloatArray:
-    """Goodput per class over these accounting blocks (NaN where a class ran no time)."""
-    tokens = run.tokens[blocks].sum(axis=0)
-    time_s = run.time_s[blocks].sum(axis=0)
+def window_goodput(run: RunRecord, windows: Sequence[tuple[int, int]]) -> FloatArray:
+    """Goodput per [window, class] (NaN where a class ran no time in a window)."""
+    tokens = np.stack([run.tokens[a:b].sum(axis=0) for a, b in windows])
+    time_s = np.stack([run.time_s[a:b].sum(axis=0) for a, b in windows])
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(time_s > 0, tokens / np.where(time_s > 0, time_s, 1.0), np.nan)
 
 
-def weighted_ratio(
-    run: RunRecord, ref: RunRecord, weights: FloatArray, blocks: slice = slice(None)
-) -> float | None:
-    """Traffic-weighted mean over classes of goodput(run) / goodput(ref).
+def cell_ratios(mine: FloatArray, ref: FloatArray, weights: FloatArray, axis: int) -> FloatArray:
+    """Traffic-weighted mean of goodput ratios over (window, class) cells, along ``axis``
+    (0: per class, 1: per window); NaN where no cell has traffic.
 
-    Per class and then weighted, not total over total: in a closed loop a
-    faster policy finishes requests of fast classes sooner, which shifts the
-    class composition of the batch and would move a pooled ratio by itself.
+    Ratios are taken per cell, where conditions are the same for both runs,
+    and weighted by the cell's request-rounds in the oracle run. A pooled
+    tokens-over-time ratio would not compare like with like: in a closed loop
+    a faster policy shifts the batch's class mix, and with load changing over
+    the run a policy that slows high-load steps gives them more weight.
     """
-    ratio = class_goodput(run, blocks) / class_goodput(ref, blocks)
+    ratio = mine / ref
     ok = np.isfinite(ratio) & (weights > 0)
-    if not ok.any():
-        return None
-    return round(float(np.sum(ratio[ok] * weights[ok]) / np.sum(weights[ok])), 4)
+    w = np.where(ok, weights, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray((w * np.where(ok, ratio, 0.0)).sum(axis=axis) / w.sum(axis=axis))
+
+
+def cell_ratio(mine: FloatArray, ref: FloatArray, weights: FloatArray) -> float | None:
+    """:func:`cell_ratios` over every cell."""
+    return _rounded(
+        float(cell_ratios(mine.ravel()[None], ref.ravel()[None], weights.ravel()[None], 1)[0])
+    )
 
 
 def adaptation_steps(
@@ -233,21 +242,26 @@ def summarize_run(
 ) -> dict[str, dict[str, Any]]:
     """Per policy: goodput ratios overall and per class, arm shares, regret, adaptation.
 
-    Overall ratios are traffic-weighted means of the per-class ratios
-    (:func:`weighted_ratio`), with each class weighted by its share of the
-    oracle run's request-rounds.
+    Ratios are traffic-weighted means over (window, class) cells
+    (:func:`cell_ratio`), 40 windows over the run. ``goodput_vs_no_spec_where_spec_loses``
+    takes only the cells where the oracle ran ``off`` (every arm loses there).
     """
     oracle, off, static = runs["oracle"], runs["static-off"], runs["best-static"]
     classes = scenario.model.classes
-    traffic = oracle.rounds.sum(axis=1).astype(np.float64)
-    weights = traffic / max(traffic.sum(), 1.0)
-    oracle_arm = [oracle.arms[int(np.argmax(oracle.rounds[c]))] for c in range(len(classes))]
     windows = _windows(oracle.tokens.shape[0])
+    weights = np.stack([oracle.block_rounds[a:b].sum(axis=0) for a, b in windows])
+    oracle_off = np.stack([oracle.block_off_rounds[a:b].sum(axis=0) for a, b in windows])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loses = np.nan_to_num(oracle_off / weights) >= SPEC_LOSES_OFF_SHARE
+    loses_weights = np.where(loses, weights, 0.0)
+    traffic = weights.sum(axis=0) / max(float(weights.sum()), 1.0)
+    oracle_arm = [oracle.arms[int(np.argmax(oracle.rounds[c]))] for c in range(len(classes))]
+    refs = {k: window_goodput(r, windows) for k, r in (("o", oracle), ("off", off), ("s", static))}
     events = sorted(scenario.events, key=lambda e: e.step)
-    ref_goodput = {k: class_goodput(r) for k, r in (("o", oracle), ("off", off), ("s", static))}
     out: dict[str, dict[str, Any]] = {}
     for name, run in runs.items():
-        goodput = class_goodput(run)
+        g = window_goodput(run, windows)
+        by_class = {k: cell_ratios(g, ref, weights, 0) for k, ref in refs.items()}
         per_class: dict[str, Any] = {}
         for c, cls in enumerate(classes):
             rounds = run.rounds[c]
@@ -257,28 +271,29 @@ def summarize_run(
                 for a in np.argsort(-rounds)
                 if rounds[a] > 0
             }
-            g = float(goodput[c])
+            time_s = float(run.time_s[:, c].sum())
             per_class[cls] = {
-                "traffic_share": round(float(weights[c]), 4),
-                "goodput_tok_s": round(g, 2) if math.isfinite(g) else None,
-                "goodput_vs_oracle": _ratio(g, float(ref_goodput["o"][c])),
-                "goodput_vs_no_spec": _ratio(g, float(ref_goodput["off"][c])),
-                "goodput_vs_best_static": _ratio(g, float(ref_goodput["s"][c])),
+                "traffic_share": round(float(traffic[c]), 4),
+                "goodput_tok_s": round(float(run.tokens[:, c].sum()) / time_s, 2)
+                if time_s > 0
+                else None,
+                "goodput_vs_oracle": _rounded(by_class["o"][c]),
+                "goodput_vs_no_spec": _rounded(by_class["off"][c]),
+                "goodput_vs_best_static": _rounded(by_class["s"][c]),
                 "oracle_arm": oracle_arm[c],
                 "arm_share": shares,
             }
+        by_window = cell_ratios(g, refs["o"], weights, 1)
         regret_curve = []
         cumulative = 0.0
-        for a, b in windows:
-            blocks = slice(a, b)
-            best = class_goodput(oracle, blocks)
-            time_s = run.time_s[blocks].sum(axis=0)
-            tokens = run.tokens[blocks].sum(axis=0)
-            cumulative += float(np.nansum(best * time_s - tokens))
+        for w, (a, b) in enumerate(windows):
+            time_s = run.time_s[a:b].sum(axis=0)
+            tokens = run.tokens[a:b].sum(axis=0)
+            cumulative += float(np.nansum(refs["o"][w] * time_s - tokens))
             regret_curve.append(
                 {
                     "step": min(b * run.block_steps, scenario.steps),
-                    "goodput_vs_oracle": weighted_ratio(run, oracle, weights, blocks),
+                    "goodput_vs_oracle": _rounded(by_window[w]),
                     "cumulative_regret_tokens": round(cumulative, 1),
                 }
             )
@@ -299,15 +314,23 @@ def summarize_run(
                 )
         out[name] = {
             "goodput_tok_s": round(_goodput(run.tokens, run.time_s), 2),
-            "goodput_vs_oracle": weighted_ratio(run, oracle, weights),
-            "goodput_vs_no_spec": weighted_ratio(run, off, weights),
-            "goodput_vs_best_static": weighted_ratio(run, static, weights),
+            "goodput_vs_oracle": cell_ratio(g, refs["o"], weights),
+            "goodput_vs_no_spec": cell_ratio(g, refs["off"], weights),
+            "goodput_vs_best_static": cell_ratio(g, refs["s"], weights),
+            "spec_loses_traffic_share": round(
+                float(loses_weights.sum() / max(float(weights.sum()), 1.0)), 4
+            ),
+            "goodput_vs_no_spec_where_spec_loses": cell_ratio(g, refs["off"], loses_weights),
             "classes": per_class,
             "regret_over_time": regret_curve,
             "adaptation": adapt,
             "policy_versions": run.policy_versions,
         }
     return out
+
+
+def _rounded(x: float) -> float | None:
+    return round(float(x), 4) if math.isfinite(x) else None
 
 
 @dataclass
@@ -356,6 +379,9 @@ def benchmark_json(
                 [s["goodput_vs_best_static"] for s in per_run.values()]
             ),
             "steps_to_adapt": adapt,
+            "goodput_vs_no_spec_where_spec_loses": _mean(
+                [s["goodput_vs_no_spec_where_spec_loses"] for s in per_run.values()]
+            ),
             "runs": per_run,
         }
     return {

@@ -165,6 +165,9 @@ class RunRecord:
     tokens: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))  # [block, class]
     time_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))  # [block, class]
     rounds: IntArray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # [class, arm]
+    # request-rounds, and those run with ``off`` (arm 0), per [block, class]
+    block_rounds: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    block_off_rounds: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     batch_size: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))  # [block]
     policy_versions: int = 0
 
@@ -174,6 +177,8 @@ class RunRecord:
         self.tokens = np.zeros((blocks, c))
         self.time_s = np.zeros((blocks, c))
         self.rounds = np.zeros((c, a), dtype=np.int64)
+        self.block_rounds = np.zeros((blocks, c))
+        self.block_off_rounds = np.zeros((blocks, c))
         self.batch_size = np.zeros(blocks, dtype=np.int64)
 
     def add(
@@ -184,6 +189,8 @@ class RunRecord:
         self.tokens[b] += np.bincount(cls, weights=committed, minlength=c)
         self.time_s[b] += np.bincount(cls, weights=charged, minlength=c)
         np.add.at(self.rounds, (cls, arm), 1)
+        self.block_rounds[b] += np.bincount(cls, minlength=c)
+        self.block_off_rounds[b] += np.bincount(cls, weights=arm == 0, minlength=c)
         self.batch_size[b] = max(self.batch_size[b], len(cls))
 
 
