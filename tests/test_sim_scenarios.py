@@ -1,0 +1,36 @@
+"""Scenario 2 at CI size: on Qwen3-8B, where EAGLE-3 loses on math500 at every N, specctl's
+policy ends up on another drafter or off there."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controller.arms import OFF
+from controller.policy.registry import make_policy
+from controller.sidecar.book import PolicyBook
+from controller.sim.engine import InProcessLink, SimulatedEngine, World
+from controller.sim.scenario import build_scenarios
+
+STEPS = 2000
+
+
+def test_qwen3_8b_math500_leaves_eagle3() -> None:
+    scenario = build_scenarios("qwen3-8b", STEPS)[0]
+    model = scenario.model
+    math500 = model.classes.index("math500")
+    eagle3 = [i for i, a in enumerate(model.arms) if a.drafter == "eagle3"]
+    world = World(scenario, np.random.default_rng(11))
+    # the premise, from the table: every EAGLE-3 arm is below no speculation on math500
+    assert (world.goodput[math500, eagle3] < world.goodput[math500, model.arm_index(OFF)]).all()
+
+    book = PolicyBook(make_policy("specctl"), policy_name="specctl")
+    link = InProcessLink(book, model.drafters)
+    record = SimulatedEngine(world, link, seed=11).run(STEPS)
+
+    bucket = link.view.load_bucket(scenario.batch)
+    published = book.decision("math500", bucket)
+    assert published.mode.drafter != "eagle3", published
+    assert sum(published.probability_of(model.arms[a]) for a in eagle3) < 0.1
+    # and over the run EAGLE-3 got little of math500's traffic
+    share = record.rounds[math500, eagle3].sum() / record.rounds[math500].sum()
+    assert share < 0.2
