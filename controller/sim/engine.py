@@ -64,7 +64,6 @@ class World:
         self._class_id = {c: i for i, c in enumerate(self.model.classes)}
         self.slot_class = self._new_classes(self.batch_size)
         self.slot_remaining = self._new_lengths(self.batch_size)
-        self.truth_version = 0
         self._refresh_truth()
 
     # ----------------------------------------------------------- truth
@@ -78,7 +77,6 @@ class World:
         self.base_step_time_s = self.model.base_step_time_s(self.batch_size)
         # goodput[c, a] in tokens per second of one request's share of a step
         self.goodput = self.expected_tokens / (self.cost * self.base_step_time_s / self.batch_size)
-        self.truth_version += 1
 
     def best_arm(self, class_id: int) -> int:
         """The arm with the highest expected goodput for a class, now."""
