@@ -259,3 +259,38 @@ def test_fallback_change_is_a_new_version_for_every_engine() -> None:
     assert book.policy_for(OFFERED, OFF).fallback_arm == "ngram/k=2"
     assert book.policy_for({}, OFF).fallback_arm == "off"  # not runnable there
     assert book.set_fallback_arm(parse_arm("ngram/k=2")) == v  # unchanged: same version
+
+
+class BrokenPolicy(SettablePolicy):
+    """Fails on demand, as a policy with a bug would."""
+
+    fail = False
+
+    def update_params(self, batch: StepBatch) -> None:
+        if self.fail:
+            raise RuntimeError("bug in update")
+        super().update_params(batch)
+
+    def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        if self.fail:
+            raise RuntimeError("bug in select")
+        return super().select_action(workload_class, load_bucket)
+
+
+def test_a_failing_policy_is_contained_and_counted() -> None:
+    policy = BrokenPolicy()
+    policy.distribution = {"ngram/k=2": 1.0}
+    book = PolicyBook(policy)
+    book.offer(OFFERED)
+    got: list[StepBatch] = []
+    book.add_sink(got.append)
+    v = book.version
+    policy.fail = True
+    assert book.ingest(_batch([("default", "off", 0, 0)])) is False
+    assert book.version == v
+    assert book.decision("default", 0).arms == (parse_arm("ngram/k=2"),)  # kept
+    assert len(got) == 1  # the sink still saw the report
+    assert _value(book, "specctl_reports_rejected_total", reason="policy_error") == 2
+    book.ingest(_batch([("fresh", "off", 0, 0)]))  # a new class while failing: off
+    assert book.decision("fresh", 0).arms == (OFF,)
+    assert book.decision("fresh", 0).explanation == "policy failed: off"

@@ -138,7 +138,8 @@ class PolicyBook:
         self.metrics.classes.set(len(self._classes))
         for bucket in range(self.num_load_buckets):
             ctx = (name, bucket)
-            self._publish(ctx, self._decide(ctx))
+            decided = self._decide(ctx)
+            self._publish(ctx, decided or _Published(Decision.point(OFF, "policy failed: off")))
 
     def fold_class(self, name: str) -> str:
         """The class the book keeps ``name`` under: itself, or the default class when full."""
@@ -150,11 +151,17 @@ class PolicyBook:
 
     # ----------------------------------------------------------------- decisions
 
-    def _decide(self, ctx: Context) -> _Published:
+    def _decide(self, ctx: Context) -> _Published | None:
+        """The context's distribution now; None if the policy failed (a bug, logged and counted)."""
         arm = self._overrides.get(ctx[0])
         if arm is not None:
             return _Published(Decision.point(arm, f"pinned by operator: {arm}"), override=True)
-        return _Published(self.policy.select_action(*ctx))
+        try:
+            return _Published(self.policy.select_action(*ctx))
+        except Exception:
+            self.metrics.reports_rejected.labels("policy_error").inc()
+            log.exception("policy_select_failed", workload_class=ctx[0], load_bucket=ctx[1])
+            return None
 
     def _publish(self, ctx: Context, new: _Published) -> None:
         old = self._published.get(ctx)
@@ -181,6 +188,8 @@ class PolicyBook:
         changed = False
         for ctx in list(contexts):
             new = self._decide(ctx)
+            if new is None:
+                continue  # keep what engines run now
             old = self._published[ctx]
             if (
                 force
@@ -240,7 +249,15 @@ class PolicyBook:
 
         rows_bucket = batch.load_bucket[batch.request_step]
         self._count(batch, rows_bucket)
-        self.policy.update_params(batch)
+        try:
+            self.policy.update_params(batch)
+        except Exception:
+            # A policy bug must not take the stream (or other engines) down with it;
+            # the report still reaches the sinks so nothing is lost from the log.
+            m.reports_rejected.labels("policy_error").inc()
+            log.exception(
+                "policy_update_failed", engine_id=batch.engine_id, sequence=batch.sequence
+            )
         # Only the contexts this report has rows for can have learned anything new.
         keys = np.unique(batch.class_index * self.num_load_buckets + rows_bucket)
         contexts = [
