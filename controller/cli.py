@@ -17,10 +17,12 @@ from controller import __version__
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("controller.demo.run", "run vLLM with specctl, the sidecar and a mixed workload"),
     "serve": ("controller.sidecar.serve_cli", "run the sidecar (gRPC controller and /metrics)"),
     "policy": ("controller.sidecar.policy_cli", "print the running sidecar's current policy"),
     "evidence": ("controller.sidecar.evidence_cli", "print the evidence behind the policy"),
     "override": ("controller.sidecar.override_cli", "pin a workload class to an arm (admin)"),
+    "replay": ("controller.replay.cli", "evaluate candidate policies offline on decision logs"),
     "bench": ("controller.sim.bench_cli", "run every policy side by side on simulated scenarios"),
     "simulate": ("controller.sim.simulate_cli", "drive a running sidecar with a simulated engine"),
 }
