@@ -11,6 +11,7 @@ Services, ServiceMonitors and the PrometheusRule."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import shlex
 from pathlib import Path
@@ -23,10 +24,9 @@ import yaml
 from deploy_support import DEPLOY, ROOT, RULES_FILE
 
 from controller.api import SERVICE_NAME
-from controller.cli import build_parser
 from controller.engine.config import EngineConfig
+from controller.sidecar import serve_cli
 from controller.sidecar.config import load_config
-from controller.sidecar.serve_cli import flag_overrides
 
 K8S = DEPLOY / "k8s"
 LAYOUTS = ("sidecar", "standalone")
@@ -266,10 +266,12 @@ def test_engine_configuration_loads(layout: tuple[str, list[Resource]], tmp_path
 def _sidecar_config(container: Resource, toml: str, tmp_path: Path) -> Any:
     """specctl's configuration as ``specctl serve`` would load it in the container."""
     (tmp_path / "specctl.toml").write_text(toml)
-    args = [a.replace("/etc/specctl/", f"{tmp_path}/") for a in container["args"]]
-    parsed = build_parser().parse_args(args)
-    assert parsed.command == "serve"
-    return load_config(parsed.config, env={}, overrides=flag_overrides(parsed))
+    command, *args = [a.replace("/etc/specctl/", f"{tmp_path}/") for a in container["args"]]
+    assert command == "serve"
+    parser = argparse.ArgumentParser(prog="specctl serve", exit_on_error=False)
+    serve_cli.add_arguments(parser)
+    parsed = parser.parse_args(args)
+    return load_config(parsed.config, env={}, overrides=serve_cli.flag_overrides(parsed))
 
 
 def test_sidecar_configuration_loads(layout: tuple[str, list[Resource]], tmp_path: Path) -> None:
