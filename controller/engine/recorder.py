@@ -124,13 +124,13 @@ class StepRecorder:
         self.rng = random.Random(config.seed)
         self.invalid_class_total = 0
         self._warned: set[str] = set()
-        # Live requests (waiting or running) by id and by class.
+        # Live requests (waiting or running): class by id, and id -> vLLM request by class.
         self.class_of: dict[str, str] = {}
-        self.members: dict[str, set[str]] = {}
+        self.members: dict[str, dict[str, Any]] = {}
         # The arms of the last step, per class: they govern the drafts now being proposed.
         self.chosen: dict[str, Choice] = {}
         self.step_k = max_k
-        self._low_k: list[tuple[int, set[str]]] = []
+        self._low_k: list[tuple[int, dict[str, Any]]] = []
         self._plans: dict[int, _Plan] = {}
         self._step_index = 0
         self._last_end = 0.0
@@ -164,12 +164,12 @@ class StepRecorder:
             return self.config.default_class
         return name
 
-    def add(self, req_id: str, workload_class: str) -> None:
+    def add(self, req_id: str, workload_class: str, request: Any) -> None:
         self.class_of[req_id] = workload_class
         members = self.members.get(workload_class)
         if members is None:
-            members = self.members[workload_class] = set()
-        members.add(req_id)
+            members = self.members[workload_class] = {}
+        members[req_id] = request
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Requests that finished (or were aborted) since the last step."""
@@ -178,7 +178,7 @@ class StepRecorder:
             cls = class_of.pop(req_id, None)
             if cls is not None:
                 members = self.members[cls]
-                members.discard(req_id)
+                members.pop(req_id, None)
                 if not members:
                     del self.members[cls]
 
@@ -216,13 +216,10 @@ class StepRecorder:
 
     # -- drafts ------------------------------------------------------------------------------
 
-    def cut_drafts(self, requests: Mapping[str, Any]) -> None:
+    def cut_drafts(self) -> None:
         """Cut the drafts of requests whose class's K is below the step's (after they arrive)."""
         for k, members in self._low_k:
-            for req_id in members:
-                request = requests.get(req_id)
-                if request is None:
-                    continue
+            for request in members.values():
                 drafts = request.spec_token_ids
                 if len(drafts) > k:
                     request.spec_token_ids = drafts[:k]

@@ -167,6 +167,7 @@ class _SpecctlMixin:
                 recorder.classify(
                     params.extra_args if params is not None else None, request.num_prompt_tokens
                 ),
+                request,
             )
         super().add_request(request)  # type: ignore[misc]
 
@@ -200,7 +201,7 @@ class _SpecctlMixin:
         super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
         recorder = self.specctl
         if recorder is not None:
-            recorder.cut_drafts(self.requests)  # type: ignore[attr-defined]
+            recorder.cut_drafts()
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
