@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -14,6 +16,7 @@ from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from controller.api import SERVICE_NAME, pb, pb_grpc
 from controller.sidecar.config import unix_socket_path
+from controller.sidecar.server import Outbox
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
@@ -189,3 +192,34 @@ def test_engines_beyond_max_engines_are_refused(sidecar_factory) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_health_turns_not_serving_on_shutdown(sidecar_factory) -> None:
+    sc = sidecar_factory("tcp")
+    with grpc.insecure_channel(sc.address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=30
+        )
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        sc.stop()
+        statuses = []
+        with contextlib.suppress(grpc.RpcError):
+            statuses.extend(answer.status for answer in watch)
+    assert statuses[0] == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_outbox_keeps_only_the_latest_policy_for_a_slow_engine() -> None:
+    async def scenario() -> list[pb.ControllerMessage] | None:
+        outbox = Outbox()
+        for version in (1, 2, 3):
+            outbox.put_policy(pb.Policy(version=version))
+        outbox.put_rejection(pb.ReportRejected(sequence=7))
+        first = await outbox.get()
+        outbox.close()
+        assert await outbox.get() is None
+        return first
+
+    messages = asyncio.run(scenario())
+    assert messages is not None
+    assert [m.WhichOneof("kind") for m in messages] == ["rejected", "policy"]
+    assert messages[1].policy.version == 3

@@ -739,6 +739,9 @@ class SidecarThread:
         return self.sidecar.metrics_url
 
     def stop(self, grace: float | None = 1.0) -> None:
+        """Stop the sidecar and its loop; calling it again does nothing."""
+        if self._loop.is_closed():
+            return
         if self.sidecar is not None:
             self.call(self.sidecar.stop(grace))
         self._loop.call_soon_threadsafe(self._loop.stop)
