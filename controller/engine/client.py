@@ -83,6 +83,7 @@ class SidecarClient:
         self.queue: deque[StepSource] = deque(maxlen=config.report_queue_size)
         self.steps_dropped_total = 0  # written by the step path only
         self.fallback_reason = "no policy yet"
+        self._fallback_logged = False
         self.connected = False
         self.reports_sent_total = 0
         self.reports_rejected_total = 0
@@ -131,14 +132,15 @@ class SidecarClient:
     # -- policy ------------------------------------------------------------------------------
 
     def _enter_fallback(self, reason: str) -> None:
-        was_fallback = self.view.version == 0
+        """Run the fallback arm from the next step; logged once per transition."""
         self.view = fallback_view(self.fallback, self.view.load_bucket_bounds)
-        if not was_fallback or reason != self.fallback_reason:
+        self.fallback_reason = reason
+        if not self._fallback_logged:
+            self._fallback_logged = True
             log.warning(
                 "specctl_fallback", reason=reason, fallback_arm=self.fallback.name,
                 engine_id=self.config.engine_id,
             )  # fmt: skip
-        self.fallback_reason = reason
 
     def _apply_policy(self, policy: pb.Policy) -> None:
         try:
@@ -149,6 +151,7 @@ class SidecarClient:
             return
         was_fallback = self.view.version == 0
         self.view = view
+        self._fallback_logged = False
         if was_fallback:
             log.info(
                 "specctl_policy_applied", version=view.version, policy=policy.policy_name,

@@ -22,6 +22,7 @@ The hooks, all in vLLM 0.32's ``Scheduler``:
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 from typing import Any
 
@@ -96,6 +97,25 @@ def check_vllm_supported() -> None:
         )
 
 
+def _configure_logging() -> None:
+    """JSON lines on stderr unless it is a terminal; leaves vLLM's own logging alone."""
+    if structlog.is_configured():
+        return
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer()
+        if sys.stderr.isatty()
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
 class _StepK:
     """Stands in for vLLM's dynamic-SD lookup (batch size -> K): returns the step's K.
 
@@ -119,6 +139,7 @@ class _SpecctlMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         check_vllm_supported()
+        _configure_logging()
         super().__init__(*args, **kwargs)
         self.specctl = None
         self.specctl_client = None
