@@ -126,7 +126,7 @@ def _summarise(evidence: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for ce in evidence.classes:
         cur = out.get(ce.workload_class)
-        if cur is not None and cur["rounds"] >= ce.rounds:
+        if ce.rounds <= 0 or (cur is not None and cur["rounds"] >= ce.rounds):
             continue
         expected_k = 0.0
         top, top_p = "off", 0.0
@@ -150,13 +150,31 @@ def _summarise(evidence: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _scrape_acceptance(metrics_url: str) -> dict[str, tuple[float, float]]:
+    """Per class: (accepted, drafted) tokens so far, from the sidecar's own counters."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+        text = resp.read().decode()
+    totals: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("specctl_accepted_tokens", "specctl_draft_tokens"):
+            continue
+        slot = 0 if family.name == "specctl_accepted_tokens" else 1
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                c = sample.labels.get("workload_class", "")
+                totals.setdefault(c, [0.0, 0.0])[slot] += sample.value
+    return {c: (v[0], v[1]) for c, v in totals.items()}
+
+
 def _print_live(phase: str, summary: dict[str, dict[str, Any]], elapsed: float) -> None:
     lines = [f"[{elapsed:6.1f}s] {phase}"]
     for name in sorted(summary):
         s = summary[name]
-        acc = "  n/a" if s["acceptance_pos1"] is None else f"{s['acceptance_pos1']:5.2f}"
+        acc = "  n/a" if s.get("acceptance") is None else f"{s['acceptance']:5.2f}"
         lines.append(
-            f"    {name:<10} rounds {s['rounds']:8.0f}  accept@1 {acc}  "
+            f"    {name:<10} rounds {s['rounds']:8.0f}  acceptance {acc}  "
             f"E[K] {s['expected_k']:4.2f}  top {s['top_arm']} ({s['top_probability']:.2f})"
         )
     print("\n".join(lines), flush=True)
@@ -176,13 +194,13 @@ def _plot(timeline: Timeline, phases: list[tuple[str, float, float]], path: Path
         rows = [r for r in timeline.rows if r["class"] == c]
         t = [r["t"] for r in rows]
         ax_k.plot(t, [r["expected_k"] for r in rows], label=c)
-        ax_a.plot(t, [r["acceptance_pos1"] for r in rows], label=c)
+        ax_a.plot(t, [r.get("acceptance") for r in rows], label=c)
     for name, start, end in phases:
         for ax in (ax_k, ax_a):
             ax.axvspan(start, end, alpha=0.06)
         ax_k.text(start, ax_k.get_ylim()[1] * 0.95, name, fontsize=8, va="top")
     ax_k.set_ylabel("expected K of the policy")
-    ax_a.set_ylabel("acceptance at position 1")
+    ax_a.set_ylabel("draft acceptance rate\n(measured, per 2 s)")
     ax_a.set_xlabel("seconds")
     ax_k.legend(loc="upper right")
     fig.suptitle("specctl demo: arm choices and acceptance per workload class")
@@ -267,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
         phases: list[tuple[str, float, float]] = []
         results: list[PhaseResult] = []
         class_names = [c.name for c in DEMO_CLASSES] + ["default"]
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        last_counts: dict[str, tuple[float, float]] = {}
 
         def phase(name: str, seconds: float, pin: str | None) -> PhaseResult:
             assert client is not None
@@ -276,6 +296,13 @@ def run(args: argparse.Namespace) -> int:
             def tick() -> None:
                 assert client is not None
                 summary = _summarise(client.evidence())
+                counts = _scrape_acceptance(metrics_url)
+                for c, s in summary.items():
+                    acc, drafted = counts.get(c, (0.0, 0.0))
+                    prev_acc, prev_drafted = last_counts.get(c, (0.0, 0.0))
+                    d = drafted - prev_drafted
+                    s["acceptance"] = (acc - prev_acc) / d if d > 0 else None
+                last_counts.update(counts)
                 now = time.monotonic() - timeline.t0
                 for c, s in summary.items():
                     timeline.rows.append({"t": now, "class": c, "phase": name, **s})
@@ -329,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
         for c in sorted(final):
             s = final[c]
             acc = "n/a" if s["acceptance_pos1"] is None else f"{s['acceptance_pos1']:.2f}"
+            # accept@1: the policy's posterior mean at position 1
             lines.append(
                 f"{c:<12}{acc:>10}{s['expected_k']:>7.2f}  {s['top_arm']} "
                 f"(p={s['top_probability']:.2f}) {s['explanation']}"
