@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess
     sc.start()
     yield sc
     sc.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
