@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from controller.arms import OFF, Arm
 from controller.policy.base import Decision, Policy
 from controller.sim.engine import World
@@ -34,9 +36,11 @@ class OraclePolicy(Policy):
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         c = self._class_id.get(workload_class)
-        if c is None:
-            return Decision.point(OFF, "oracle: unknown class")
-        arm = self.world.model.arms[self.world.best_arm(c)]
+        w = self.world
+        if c is None:  # the default class, before any report: best for the traffic mix
+            arm = w.model.arms[int(np.argmax((w.mix @ w.expected_tokens) / (w.mix @ w.cost)))]
+        else:
+            arm = w.model.arms[w.best_arm(c)]
         if arm not in self._offered:
             arm = OFF
         decision = self._decisions.get(arm)
