@@ -68,6 +68,12 @@ class ServerConfig:
     max_message_bytes: int = 4 * 1024 * 1024
     grace_period_s: float = 5.0
     max_engines: int = 256
+    # Per engine: step reports accepted per second (token bucket, one second of burst).
+    max_reports_per_s: float = 1000.0
+    # TLS for a TCP listener (PEM files, reloaded when they change); with a client CA, mTLS.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
 
     def __post_init__(self) -> None:
         if is_unix_address(self.listen):
@@ -93,6 +99,26 @@ class ServerConfig:
             raise _fail("server.grace_period_s", self.grace_period_s, "must be in [0, 300]")
         if not 1 <= self.max_engines <= 100_000:
             raise _fail("server.max_engines", self.max_engines, "must be in 1..100000")
+        if not 0.0 < self.max_reports_per_s <= 1e6:
+            raise _fail("server.max_reports_per_s", self.max_reports_per_s, "must be in (0, 1e6]")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise _fail(
+                "server.tls_cert_file" if not self.tls_cert_file else "server.tls_key_file",
+                "",
+                "TLS needs both server.tls_cert_file and server.tls_key_file",
+            )
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise _fail(
+                "server.tls_client_ca_file",
+                self.tls_client_ca_file,
+                "mutual TLS needs server.tls_cert_file and server.tls_key_file too",
+            )
+        for key in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+            value = getattr(self, key)
+            if value and not Path(value).is_file():
+                raise _fail(f"server.{key}", value, "is not a readable file")
+        if self.tls_cert_file and is_unix_address(self.listen):
+            raise _fail("server.listen", self.listen, "TLS is for TCP listeners, not unix sockets")
 
 
 @dataclass(frozen=True)
@@ -162,6 +188,8 @@ class PolicyConfig:
 class AdminConfig:
     enabled: bool = False
     token_file: str = ""
+    # Comma-separated common names of client certificates (mTLS) allowed admin calls.
+    client_cns: str = ""
 
     def __post_init__(self) -> None:
         if self.token_file and not Path(self.token_file).is_file():
@@ -175,6 +203,29 @@ class AdminConfig:
         if not token:
             raise _fail("admin.token_file", self.token_file, "is empty")
         return token
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """Where learned state survives restarts: snapshots and the decision log (off when empty)."""
+
+    dir: str = ""
+    snapshot_interval_s: float = 10.0
+    # Write the decision log under <dir>/decisions and replay its tail on start.
+    decision_log: bool = True
+    log_flush_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.dir and not self.dir.startswith("/"):
+            raise _fail("state.dir", self.dir, "must be an absolute path")
+        if not 0.05 <= self.snapshot_interval_s <= 86_400.0:
+            raise _fail(
+                "state.snapshot_interval_s", self.snapshot_interval_s, "must be in [0.05, 86400]"
+            )
+        if not 0.01 <= self.log_flush_interval_s <= 3600.0:
+            raise _fail(
+                "state.log_flush_interval_s", self.log_flush_interval_s, "must be in [0.01, 3600]"
+            )
 
 
 @dataclass(frozen=True)
@@ -195,8 +246,17 @@ class SidecarConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     # The file it was loaded from, if any (watched for changes).
     path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.admin.client_cns and not self.server.tls_client_ca_file:
+            raise _fail(
+                "admin.client_cns",
+                self.admin.client_cns,
+                "client certificates need mutual TLS: set server.tls_client_ca_file",
+            )
 
 
 SECTIONS: dict[str, type] = {
@@ -204,6 +264,7 @@ SECTIONS: dict[str, type] = {
     "policy": PolicyConfig,
     "admin": AdminConfig,
     "log": LogConfig,
+    "state": StateConfig,
 }
 
 
@@ -339,6 +400,7 @@ def load_config(
             policy=PolicyConfig(**values["policy"]),
             admin=AdminConfig(**values["admin"]),
             log=LogConfig(**values["log"]),
+            state=StateConfig(**values["state"]),
             path=str(path) if path else "",
         )
     except TypeError as exc:  # pragma: no cover - keys are checked above

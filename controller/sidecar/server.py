@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
@@ -43,6 +44,8 @@ from controller.sidecar.config import (
     unix_socket_path,
 )
 from controller.sidecar.metrics import SidecarMetrics
+from controller.sidecar.state import StateKeeper
+from controller.sidecar.tls import CertificateFiles, parse_names, peer_common_names
 from controller.steps import ReportError, decode_step_report, validate_class_name
 
 log = get_logger("specctl.sidecar")
@@ -53,9 +56,12 @@ ENGINE_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 # ReportRejected messages kept for a slow engine; older ones are dropped first.
 MAX_PENDING_REJECTIONS = 64
 CONFIG_POLL_S = 1.0
+# Engines whose drop count is remembered across reconnects (the oldest are forgotten first).
+MAX_REMEMBERED_ENGINES = 4096
 # A misbehaving engine could send a bad report every step: log one per interval.
 REJECTION_LOG_INTERVAL_S = 5.0
 ADMIN_DISABLED = "admin calls are disabled; set admin.enabled"
+GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
 
 
 class HelloError(ValueError):
@@ -150,6 +156,9 @@ class Session:
     pushed_version: int = 0
     rejection_logged_at: float = -1e9
     rejections_unlogged: int = 0
+    # token bucket for server.max_reports_per_s (reports the engine may still send now)
+    report_tokens: float = 0.0
+    tokens_at: float = 0.0
     # (status code, message) that ends the stream, set by the reader
     error: tuple[grpc.StatusCode, str] | None = None
 
@@ -166,6 +175,9 @@ class SpecControllerService(pb_grpc.SpecControllerServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except DecodeError:
+            sc.metrics.reports_rejected.labels("garbage").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, GARBAGE)
         kind = first.WhichOneof("kind")
         if kind != "hello":
             sc.metrics.reports_rejected.labels("no_hello").inc()
@@ -231,6 +243,9 @@ class SpecControllerService(pb_grpc.SpecControllerServicer):
                     break
         except asyncio.CancelledError:
             raise
+        except DecodeError:
+            sc.metrics.reports_rejected.labels("garbage").inc()
+            session.error = (grpc.StatusCode.INVALID_ARGUMENT, GARBAGE)
         except grpc.aio.AbortError:
             pass  # the stream was ended from this side
         except grpc.aio.AioRpcError as exc:
@@ -266,16 +281,20 @@ class SpecControllerAdminService(pb_grpc.SpecControllerAdminServicer):
         sc = self.sidecar
         if not sc.config.admin.enabled:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, ADMIN_DISABLED)
+        allowed_cns = parse_names(sc.config.admin.client_cns)
+        if allowed_cns and any(cn in allowed_cns for cn in peer_common_names(context)):
+            return
         if sc.admin_token:
             metadata = dict(context.invocation_metadata() or ())
             given = str(metadata.get("authorization", ""))
             expected = f"Bearer {sc.admin_token}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                await context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "admin calls need metadata 'authorization: Bearer <token>' "
-                    "with the token in admin.token_file",
-                )
+            if hmac.compare_digest(given.encode(), expected.encode()):
+                return
+        await context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "admin calls need metadata 'authorization: Bearer <token>' with the token in "
+            "admin.token_file, or a client certificate whose CN is in admin.client_cns",
+        )
 
     async def _class(self, name: str, context: grpc.aio.ServicerContext) -> str:
         problem = validate_class_name(name)
@@ -354,12 +373,24 @@ class Sidecar:
         self.flag_overrides = dict(flag_overrides or {})
         self.metrics = SidecarMetrics()
         self.book = build_book(config, self.metrics, policy)
+        self.state: StateKeeper | None = None
+        if config.state.dir:
+            pc = config.policy
+            self.state = StateKeeper(
+                config.state,
+                self.book,
+                self.metrics.registry,
+                lambda: policy if policy is not None else make_policy(pc.name, pc.params),
+            )
         self.admin_token = config.admin.read_token()
         self.sessions: set[Session] = set()
+        # engine id -> reports_dropped_total last reported, across reconnects
+        self._dropped_by_engine: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.stopping = False
         self.address = ""
         self.metrics_url = ""
         self._server: grpc.aio.Server | None = None
+        self.tls: CertificateFiles | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_httpd: Any = None
         self._policy_changed: asyncio.Event | None = None
@@ -371,6 +402,8 @@ class Sidecar:
     async def start(self) -> None:
         sc = self.config.server
         self._policy_changed = asyncio.Event()
+        if self.state is not None:
+            self.state.open()
         options = [
             ("grpc.max_send_message_length", sc.max_message_bytes),
             ("grpc.max_receive_message_length", sc.max_message_bytes),
@@ -397,6 +430,11 @@ class Sidecar:
             os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
             server.add_insecure_port(sc.listen)
             self.address = f"unix://{path}"
+        elif sc.tls_cert_file:
+            self.tls = CertificateFiles(sc.tls_cert_file, sc.tls_key_file, sc.tls_client_ca_file)
+            port = server.add_secure_port(sc.listen, self.tls.server_credentials())
+            host = sc.listen.rsplit(":", 1)[0]
+            self.address = f"{host}:{port}"
         else:
             port = server.add_insecure_port(sc.listen)
             host = sc.listen.rsplit(":", 1)[0]
@@ -426,6 +464,13 @@ class Sidecar:
             asyncio.create_task(self._push_loop(), name="specctl-push"),
             asyncio.create_task(self._watch_config(), name="specctl-config-watch"),
         ]
+        if self.state is not None:
+            self._tasks.append(asyncio.create_task(self.state.run(), name="specctl-snapshots"))
+        if self.config.admin.enabled and not (self.admin_token or self.config.admin.client_cns):
+            log.warning(
+                "admin_without_credentials",
+                hint="admin calls are refused until admin.token_file or admin.client_cns is set",
+            )
         log.info(
             "sidecar_started",
             address=self.address,
@@ -433,6 +478,9 @@ class Sidecar:
             policy=self.book.policy_name,
             policy_version=self.book.version,
             admin_enabled=self.config.admin.enabled,
+            tls=bool(sc.tls_cert_file),
+            mtls=bool(sc.tls_client_ca_file),
+            state_dir=self.config.state.dir or None,
         )
 
     async def stop(self, grace: float | None = None) -> None:
@@ -452,6 +500,8 @@ class Sidecar:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.state is not None:
+            await asyncio.to_thread(self.state.close)
         if self._metrics_httpd is not None:
             self._metrics_httpd.shutdown()
             self._metrics_httpd.server_close()
@@ -467,6 +517,7 @@ class Sidecar:
     # ------------------------------------------------------------------ sessions
 
     def add_session(self, session: Session) -> None:
+        session.dropped_reported = self._dropped_by_engine.get(session.engine_id, 0)
         self.sessions.add(session)
         self.metrics.engines_connected.set(len(self.sessions))
         if self.book.offer(session.offered):
@@ -497,6 +548,17 @@ class Sidecar:
     def handle_report(self, session: Session, report: pb.StepReport, received_at: float) -> None:
         m = self.metrics
         m.reports_received.inc()
+        if not self._take_report_token(session, received_at):
+            m.reports_rejected.labels("rate_limited").inc()
+            session.outbox.put_rejection(
+                pb.ReportRejected(
+                    sequence=report.sequence,
+                    code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                    message=f"more than server.max_reports_per_s="
+                    f"{self.config.server.max_reports_per_s:g} reports per second from this engine",
+                )
+            )
+            return
         try:
             if session.last_sequence is not None and report.sequence <= session.last_sequence:
                 raise ReportError(
@@ -539,12 +601,30 @@ class Sidecar:
         if self.book.ingest(batch, received_at):
             self.notify_policy_changed()
 
+    def _take_report_token(self, session: Session, now: float) -> bool:
+        """Token bucket per engine: max_reports_per_s, with one second of burst."""
+        rate = self.config.server.max_reports_per_s
+        if session.tokens_at == 0.0:
+            session.report_tokens, session.tokens_at = rate, now
+        session.report_tokens = min(rate, session.report_tokens + (now - session.tokens_at) * rate)
+        session.tokens_at = now
+        if session.report_tokens < 1.0:
+            return False
+        session.report_tokens -= 1.0
+        return True
+
     def handle_status(self, session: Session, status: pb.EngineStatus) -> None:
-        if status.reports_dropped_total > session.dropped_reported:
-            self.metrics.reports_dropped.inc(
-                status.reports_dropped_total - session.dropped_reported
-            )
-            session.dropped_reported = status.reports_dropped_total
+        total = status.reports_dropped_total
+        if total < session.dropped_reported:
+            session.dropped_reported = 0  # the engine restarted: its count starts again
+        if total > session.dropped_reported:
+            self.metrics.reports_dropped.inc(total - session.dropped_reported)
+            session.dropped_reported = total
+        # An engine that reconnects reports the same total again: remember it by engine id.
+        self._dropped_by_engine[session.engine_id] = total
+        self._dropped_by_engine.move_to_end(session.engine_id)
+        while len(self._dropped_by_engine) > MAX_REMEMBERED_ENGINES:
+            self._dropped_by_engine.popitem(last=False)
         was_in_fallback = session.status is not None and session.status.in_fallback
         session.status = status
         if status.in_fallback != was_in_fallback:
@@ -652,7 +732,12 @@ class Sidecar:
                 book.set_override(cls, parse_arm(arm) if arm else None)
         self.admin_token = token
         self.config = SidecarConfig(
-            server=old.server, policy=new.policy, admin=new.admin, log=old.log, path=old.path
+            server=old.server,
+            policy=new.policy,
+            admin=new.admin,
+            log=old.log,
+            state=old.state,
+            path=old.path,
         )
         log.info(
             "config_reloaded", path=new.path, policy=new.policy.name, policy_version=book.version

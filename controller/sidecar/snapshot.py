@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from controller.arms import Arm, ArmError, parse_arm
 from controller.logs import get_logger
@@ -456,3 +457,29 @@ def _batch_from_rows(
         accepted=col["accepted"][idx].astype(np.int64),
         arm_k=arm_k_table[arm_index],
     )
+
+
+class SnapshotMetrics:
+    """``specctl_snapshot*`` metrics, on the sidecar's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.written = Counter(
+            "specctl_snapshots_written", "State snapshots written.", registry=registry
+        )
+        self.errors = Counter(
+            "specctl_snapshot_errors",
+            "Snapshots that could not be written or used, by reason (checksum, truncated, "
+            "header, schema, write, policy_state, ...).",
+            ["reason"],
+            registry=registry,
+        )
+        self.last_success = Gauge(
+            "specctl_snapshot_last_success_unix_seconds",
+            "When the last snapshot was written.",
+            registry=registry,
+        )
+        self.replayed_rows = Counter(
+            "specctl_state_replayed_rows",
+            "Decision log rows replayed into the policy at start-up.",
+            registry=registry,
+        )

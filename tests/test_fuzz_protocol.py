@@ -1,0 +1,161 @@
+"""Fuzz the protocol: structured messages and random bytes, in-process and on a live server.
+
+Bad input must end as a rejection (or, for a stream, an error status on that
+stream only); never an unhandled exception, and the sidecar keeps serving the
+other engines. benchmarks/fuzz_protocol.py runs the same at >= 100,000 cases.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+from fuzz_support import engine_messages, feed, fuzz_sidecar, garbage, hellos, step_reports
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
+
+from controller.api import pb, pb_grpc
+from controller.sidecar.server import HelloError, validate_hello
+from controller.steps import ReportError, decode_step_report
+
+FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+LIVE = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+SIDECAR, SESSION = fuzz_sidecar()
+OUTCOMES: dict[str, int] = {}
+
+
+@FUZZ
+@given(step_reports())
+def test_decode_step_report_only_raises_report_error(message: pb.StepReport) -> None:
+    try:
+        batch = decode_step_report(
+            message, engine_id="e", offered={"ngram": 4, "eagle3": 2}, num_load_buckets=4
+        )
+    except ReportError as exc:
+        assert exc.reason and exc.message
+        return
+    assert batch.num_rows == int(batch.num_requests.sum())
+
+
+@FUZZ
+@given(hellos())
+def test_validate_hello_only_raises_hello_error(message: pb.Hello) -> None:
+    try:
+        validate_hello(message)
+    except HelloError as exc:
+        assert str(exc).startswith("hello.")
+
+
+@FUZZ
+@given(engine_messages())
+def test_every_engine_message_is_learned_or_rejected(message: pb.EngineMessage) -> None:
+    outcome = feed(SIDECAR, SESSION, message)
+    OUTCOMES[outcome] = OUTCOMES.get(outcome, 0) + 1
+
+
+def test_the_fuzzer_reaches_both_outcomes() -> None:
+    # a fuzzer that never produced a valid report would test only the first check
+    assert OUTCOMES.get("learned", 0) > 20 and OUTCOMES.get("rejected", 0) > 20, OUTCOMES
+
+
+@FUZZ
+@given(garbage())
+def test_random_bytes_fail_to_parse_or_are_handled(data: bytes) -> None:
+    try:
+        message = pb.EngineMessage.FromString(data)
+    except DecodeError:
+        return
+    feed(SIDECAR, SESSION, message)
+
+
+# ---------------------------------------------------------------- a live server
+
+
+@pytest.fixture(scope="module")
+def live():
+    import tempfile
+    from pathlib import Path
+
+    from controller.sidecar.config import load_config
+    from controller.sidecar.server import SidecarThread
+
+    tmp = Path(tempfile.mkdtemp(prefix="specctl-"))
+    overrides = {
+        "server.listen": f"unix://{tmp}/fuzz.sock",
+        "server.metrics_listen": "127.0.0.1:0",
+        "server.grace_period_s": 0.5,
+        "server.max_reports_per_s": 1e6,
+        "policy.name": "specctl",
+        "log.format": "json",
+        "log.level": "error",
+    }
+    sc = SidecarThread(load_config(env={}, overrides=overrides), flag_overrides=overrides).start()
+    # a well-behaved engine that must be unaffected by the fuzzing
+    good = ScriptedEngine(sc.address)
+    good.send(hello("engine-good"))
+    good.recv_policy()
+    yield sc, good
+    good.close()
+    sc.stop()
+
+
+def _raw_connect(address: str, frames: list[bytes]) -> grpc.StatusCode:
+    """Send raw bytes as Connect messages; the status the stream ended with."""
+    with grpc.insecure_channel(address) as channel:
+        connect = channel.stream_stream(
+            "/specctl.v1.SpecController/Connect",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        call = connect(iter(frames), timeout=10)
+        try:
+            for _ in call:
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()
+        return grpc.StatusCode.OK
+
+
+@LIVE
+@given(frames=st.lists(garbage(), min_size=1, max_size=4), with_hello=st.booleans())
+def test_live_server_survives_garbage_streams(live, frames: list[bytes], with_hello: bool) -> None:
+    sc, _ = live
+    if with_hello:
+        frames = [hello("engine-fuzz").SerializeToString(), *frames]
+    code = _raw_connect(sc.address, frames)
+    # the stream ends: cleanly, or with an error status for that stream only
+    assert code in {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }, code
+
+
+@LIVE
+@given(messages=st.lists(engine_messages(), min_size=1, max_size=6))
+def test_live_server_survives_structured_streams(live, messages) -> None:
+    sc, _ = live
+    frames = [hello("engine-fuzz").SerializeToString()]
+    frames += [m.SerializeToString() for m in messages]
+    code = _raw_connect(sc.address, frames)
+    # a second hello or an empty message is a protocol violation; reports never end it
+    violation = any(m.WhichOneof("kind") in (None, "hello") for m in messages)
+    assert code == (grpc.StatusCode.INVALID_ARGUMENT if violation else grpc.StatusCode.OK)
+
+
+def test_after_fuzzing_the_server_serves_and_holds_no_sessions(live) -> None:
+    sc, good = live
+    good.send(report(1))
+    with grpc.insecure_channel(sc.address) as channel:
+        policy = pb_grpc.SpecControllerStub(channel).GetPolicy(pb.GetPolicyRequest(), timeout=5)
+    assert policy.version >= 1
+    # every fuzz stream has ended: only the good engine is left
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_engines_connected"] == 1)
+    assert sc.run(lambda: len(sc.sidecar.sessions)) == 1
+    assert good.error is None
+    assert threading.active_count() < 100

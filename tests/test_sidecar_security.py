@@ -1,0 +1,307 @@
+"""Security: default bind, TLS and mutual TLS with reload, admin by token or client certificate.
+
+Certificates (a CA, the server's, clients') are generated here with ``cryptography``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from sidecar_support import hello, report, scrape, wait_for
+
+from controller.api import pb, pb_grpc
+from controller.sidecar.config import ConfigError, ServerConfig, load_config
+
+NOW = datetime.datetime.now(datetime.UTC)
+
+
+@dataclass
+class Pem:
+    cert: bytes
+    key: bytes
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def make_ca(name: str) -> tuple[Pem, ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = _key()
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(hours=1))
+        .not_valid_after(NOW + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return Pem(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)), key, cert
+
+
+def issue(
+    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cn: str, *, server: bool
+) -> Pem:
+    key = _key()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(hours=1))
+        .not_valid_after(NOW + datetime.timedelta(days=1))
+    )
+    if server:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return Pem(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
+
+
+@dataclass
+class Pki:
+    dir: Path
+    ca: Pem
+    other_ca: Pem
+    server: Pem
+    engine: Pem
+    operator: Pem
+    stranger: Pem  # signed by another CA
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca, ca_key, ca_cert = make_ca("specctl test CA")
+    other, other_key, other_cert = make_ca("someone else's CA")
+    p = Pki(
+        dir=d,
+        ca=ca,
+        other_ca=other,
+        server=issue(ca_key, ca_cert, "specctl-sidecar", server=True),
+        engine=issue(ca_key, ca_cert, "engine-1", server=False),
+        operator=issue(ca_key, ca_cert, "ops-admin", server=False),
+        stranger=issue(other_key, other_cert, "ops-admin", server=False),
+    )
+    (d / "ca.pem").write_bytes(ca.cert)
+    (d / "server.pem").write_bytes(p.server.cert)
+    (d / "server.key").write_bytes(p.server.key)
+    os.chmod(d / "server.key", 0o600)
+    return p
+
+
+def channel(address: str, ca: bytes, client: Pem | None = None) -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=client.key if client else None,
+        certificate_chain=client.cert if client else None,
+    )
+    return grpc.secure_channel(address, creds)
+
+
+def get_policy(ch: grpc.Channel) -> pb.Policy:
+    return pb_grpc.SpecControllerStub(ch).GetPolicy(pb.GetPolicyRequest(), timeout=5)
+
+
+def test_default_bind_is_a_private_unix_socket(sidecar) -> None:
+    assert ServerConfig().listen.startswith("unix://")
+    assert ServerConfig().metrics_listen.startswith("127.0.0.1:")
+    path = sidecar.address.removeprefix("unix://")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert stat.S_ISSOCK(os.stat(path).st_mode) and mode == 0o600
+
+
+def test_group_socket_mode(sidecar_factory) -> None:
+    sc = sidecar_factory("unix", server_socket_mode="0660")
+    assert stat.S_IMODE(os.stat(sc.address.removeprefix("unix://")).st_mode) == 0o660
+
+
+def test_tls_serves_and_refuses_plaintext(sidecar_factory, pki: Pki) -> None:
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(pki.dir / "server.pem"),
+        server_tls_key_file=str(pki.dir / "server.key"),
+    )
+    with channel(sc.address, pki.ca.cert) as ch:
+        assert get_policy(ch).version >= 1
+    with grpc.insecure_channel(sc.address) as ch, pytest.raises(grpc.RpcError) as info:
+        get_policy(ch)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    with channel(sc.address, pki.other_ca.cert) as ch, pytest.raises(grpc.RpcError) as info:
+        get_policy(ch)  # a server the client's CA did not sign
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_needs_a_client_certificate_from_the_ca(sidecar_factory, pki: Pki) -> None:
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(pki.dir / "server.pem"),
+        server_tls_key_file=str(pki.dir / "server.key"),
+        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+    )
+    with channel(sc.address, pki.ca.cert, pki.engine) as ch:
+        assert get_policy(ch).version >= 1
+        # a full engine stream over mTLS
+        stub = pb_grpc.SpecControllerStub(ch)
+        call = stub.Connect(iter([hello(), pb.EngineMessage(report=report(1))]), timeout=5)
+        first = next(iter(call))
+        assert first.WhichOneof("kind") == "policy"
+        call.cancel()
+    for client in (None, pki.stranger):
+        with channel(sc.address, pki.ca.cert, client) as ch, pytest.raises(grpc.RpcError) as info:
+            get_policy(ch)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_certificates_are_reloaded_when_the_files_change(sidecar_factory, pki: Pki) -> None:
+    certs = pki.dir / "rotating"
+    certs.mkdir(exist_ok=True)
+    first_ca, first_key, first_cert = make_ca("first CA")
+    first = issue(first_key, first_cert, "specctl-sidecar", server=True)
+    (certs / "server.pem").write_bytes(first.cert)
+    (certs / "server.key").write_bytes(first.key)
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(certs / "server.pem"),
+        server_tls_key_file=str(certs / "server.key"),
+    )
+    with channel(sc.address, first_ca.cert) as ch:
+        assert get_policy(ch).version >= 1
+    # rotate to a certificate from the test PKI: new connections get it
+    time.sleep(0.01)
+    (certs / "server.key").write_bytes(pki.server.key)
+    (certs / "server.pem").write_bytes(pki.server.cert)
+    with channel(sc.address, pki.ca.cert) as ch:
+        assert get_policy(ch).version >= 1
+    with channel(sc.address, first_ca.cert) as ch, pytest.raises(grpc.RpcError):
+        get_policy(ch)
+    assert sc.sidecar.tls is not None and sc.sidecar.tls.reloads == 1
+    # a broken rotation keeps the certificate in use
+    (certs / "server.pem").write_bytes(b"half-written")
+    with channel(sc.address, pki.ca.cert) as ch:
+        assert get_policy(ch).version >= 1
+
+
+def _admin_call(ch: grpc.Channel, token: str | None = None) -> pb.SetOverrideResponse:
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    return pb_grpc.SpecControllerAdminStub(ch).SetOverride(
+        pb.SetOverrideRequest(workload_class="chat", arm="off"), metadata=metadata, timeout=5
+    )
+
+
+def test_admin_by_client_certificate_or_token(sidecar_factory, pki: Pki, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(pki.dir / "server.pem"),
+        server_tls_key_file=str(pki.dir / "server.key"),
+        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        admin_enabled=True,
+        admin_token_file=str(token),
+        admin_client_cns="ops-admin, oncall",
+    )
+    # the operator's certificate is enough
+    with channel(sc.address, pki.ca.cert, pki.operator) as ch:
+        assert _admin_call(ch).policy_version > 0
+    # an engine's certificate is not ...
+    with channel(sc.address, pki.ca.cert, pki.engine) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            _admin_call(ch)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "admin.client_cns" in (info.value.details() or "")
+        with pytest.raises(grpc.RpcError) as info:
+            _admin_call(ch, "wrong")
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # ... unless it carries the token
+        assert _admin_call(ch, "s3cret-token").policy_version > 0
+
+
+def test_admin_enabled_without_credentials_refuses_everyone(sidecar_factory) -> None:
+    sc = sidecar_factory("unix", admin_enabled=True)
+    with grpc.insecure_channel(sc.address) as ch, pytest.raises(grpc.RpcError) as info:
+        _admin_call(ch)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_tls_settings_are_checked(pki: Pki) -> None:
+    cert, key = str(pki.dir / "server.pem"), str(pki.dir / "server.key")
+    with pytest.raises(ConfigError, match="needs both"):
+        load_config(
+            env={}, overrides={"server.listen": "127.0.0.1:0", "server.tls_cert_file": cert}
+        )
+    with pytest.raises(ConfigError, match=r"server\.tls_client_ca_file"):
+        load_config(env={}, overrides={"server.tls_client_ca_file": cert})
+    with pytest.raises(ConfigError, match="unix sockets"):
+        load_config(env={}, overrides={"server.tls_cert_file": cert, "server.tls_key_file": key})
+    with pytest.raises(ConfigError, match=r"admin\.client_cns"):
+        load_config(env={}, overrides={"admin.client_cns": "ops"})
+    with pytest.raises(ConfigError, match="not a readable file"):
+        load_config(
+            env={},
+            overrides={
+                "server.listen": "127.0.0.1:0",
+                "server.tls_cert_file": "/nonexistent.pem",
+                "server.tls_key_file": key,
+            },
+        )
+
+
+def test_report_flood_from_one_engine_is_rate_limited(sidecar_factory) -> None:
+    from sidecar_support import ScriptedEngine
+
+    sc = sidecar_factory("unix", server_max_reports_per_s=5.0)
+    engine = ScriptedEngine(sc.address)
+    try:
+        engine.send(hello())
+        engine.recv_policy()
+        for seq in range(1, 41):
+            engine.send(report(seq))
+        rejected = engine.recv_rejection()
+        assert rejected.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert "server.max_reports_per_s=5" in rejected.message
+        wait_for(
+            lambda: (
+                scrape(sc.metrics_url).get(
+                    'specctl_reports_rejected_total{reason="rate_limited"}', 0
+                )
+                >= 20
+            )
+        )
+        samples = scrape(sc.metrics_url)
+        assert samples["specctl_reports_received_total"] == 40
+        # the stream goes on: a report after the bucket refills is learned from
+        time.sleep(1.0)
+        engine.send(report(41))
+        wait_for(lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] == 41)
+        assert engine.error is None
+    finally:
+        engine.close()
