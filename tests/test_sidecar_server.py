@@ -223,3 +223,28 @@ def test_outbox_keeps_only_the_latest_policy_for_a_slow_engine() -> None:
     assert messages is not None
     assert [m.WhichOneof("kind") for m in messages] == ["rejected", "policy"]
     assert messages[1].policy.version == 3
+
+
+def test_dropped_reports_are_not_counted_twice_across_reconnects(sidecar) -> None:
+    def connect_and_report_drops(total: int) -> None:
+        engine = ScriptedEngine(sidecar.address)
+        try:
+            engine.send(hello("engine-1"))
+            engine.recv_policy()
+            engine.send(pb.EngineStatus(reports_dropped_total=total))
+            engine.send(report(1))  # processed after the status, on the same stream
+            wait_for(lambda: scrape(sidecar.metrics_url)["specctl_reports_received_total"] > n[0])
+            n[0] += 1
+        finally:
+            engine.close()
+        wait_for(lambda: scrape(sidecar.metrics_url)["specctl_engines_connected"] == 0)
+
+    n = [0]
+    connect_and_report_drops(5)
+    assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 5
+    connect_and_report_drops(5)  # the same engine again: nothing new was dropped
+    assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 5
+    connect_and_report_drops(8)
+    assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 8
+    connect_and_report_drops(2)  # a restarted engine counts from zero
+    assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 10
