@@ -28,8 +28,8 @@ system-deps:
 	fi
 
 lint: venv
-	$(PY) -m ruff check controller tests benchmarks
-	$(PY) -m ruff format --check controller tests benchmarks
+	$(PY) -m ruff check controller tests benchmarks deploy
+	$(PY) -m ruff format --check controller tests benchmarks deploy
 	$(PY) -m mypy
 
 test: venv system-deps lint

@@ -259,6 +259,9 @@ def _classes(alerts: list[dict[str, Any]], state: str | None = None) -> set[str]
 def test_acceptance_drop_fires_for_the_class_that_dropped(stack: Stack) -> None:
     firing = _classes(stack.seen, "firing")
     assert DROPPED in firing, stack.explain(DROPPED)
+    # and not while it was still healthy: the first samples precede the drop
+    early = stack.acceptance[DROPPED][:10]
+    assert len(early) == 10 and all(c > 0.7 * b for c, b in early), stack.explain(DROPPED)
     alert = next(
         a
         for a in stack.seen
