@@ -189,7 +189,7 @@ def test_render_reads_every_file_of_the_layout(layout: tuple[str, list[Resource]
     expected = ["ConfigMap", "Deployment", "PrometheusRule", "Service", "Service"]
     expected += ["ServiceMonitor", "ServiceMonitor"]
     if name == "standalone":
-        expected += ["Deployment", "NetworkPolicy"]
+        expected += ["Deployment", "NetworkPolicy", "PersistentVolumeClaim"]
     assert kinds == sorted(expected)
 
 
@@ -282,6 +282,9 @@ def test_sidecar_configuration_loads(layout: tuple[str, list[Resource]], tmp_pat
     config = _sidecar_config(specctl, toml, tmp_path)
     assert config.server.metrics_listen == "0.0.0.0:9400"
     assert config.policy.fallback_arm
+    # learned state goes to a volume (the root file system is read-only)
+    mounts = {m["mountPath"]: m for m in specctl["volumeMounts"]}
+    assert config.state.dir in mounts and not mounts[config.state.dir].get("readOnly")
     if name == "sidecar":
         # the engine dials the socket the sidecar listens on, in a volume both mount
         vllm = containers(find(resources, "Deployment", "vllm"))["vllm"]
