@@ -218,7 +218,7 @@ def read_decision_log(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(files), unit="file", desc="reading logs", leave=False)
+        bar = tqdm(total=len(files), unit="file", desc="reading logs", leave=False, disable=None)
     for path in files:
         table, problem = _file_problem(path)
         if problem is None and table is not None:

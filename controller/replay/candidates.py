@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.arms import OFF_NAME, ArmError, parse_arm
+from controller.arms import OFF_NAME, Arm, ArmError, parse_arm
 from controller.policy.base import Policy
 from controller.policy.registry import make_policy
 
@@ -27,6 +27,7 @@ class Candidate:
     label: str
     make: Callable[[], Policy]
     stationary: bool
+    arm: Arm | None = None  # for a static arm: what it plays everywhere
 
 
 def _value(text: str) -> Any:
@@ -58,4 +59,5 @@ def parse_policy_spec(spec: str) -> Candidate:
     def make() -> Policy:
         return make_policy(name, params)
 
-    return Candidate(label=spec, make=make, stationary=name == "static")
+    static_arm = parse_arm(str(params["arm"])) if name == "static" else None
+    return Candidate(label=spec, make=make, stationary=name == "static", arm=static_arm)

@@ -69,6 +69,7 @@ class LoggedRounds:
     unit_rows: FloatArray
     unit_tokens: FloatArray
     unit_seconds: FloatArray
+    unit_drafted: FloatArray
     # What each unit would have yielded at a shorter proposal length k (column k,
     # for k <= unit_k; zero elsewhere): tokens sum(min(accepted, k) + 1) and
     # drafts sum(min(drafted, k)). Exact when a shorter proposal is a prefix of
@@ -110,6 +111,27 @@ class LoggedRounds:
 
     def context_name(self, context: int) -> tuple[str, int]:
         return self.classes[int(self.context_class[context])], int(self.context_bucket[context])
+
+    def attribute_seconds(self, cost: StepCostModel) -> FloatArray:
+        """Seconds per unit: each step's time split in proportion to its rows' cost under ``cost``.
+
+        Equal to summing the rows' shares; computed from unit totals, so the
+        bootstrap can redo it under a refitted model cheaply.
+        """
+        predicted = cost.predict(self.step_bucket, self.step_rows, self.step_drafted)
+        ok = predicted > 0.0
+        scale = np.where(ok, self.step_time_s / np.where(ok, predicted, 1.0), 0.0)
+        step = self.unit_step
+        b = self.step_bucket[step]
+        rows_in_step = self.step_rows[step]
+        unit_cost = self.unit_rows * (cost.intercept[b] / rows_in_step + cost.per_row[b])
+        if self.drafters:
+            per_draft = cost.per_draft[b, np.maximum(self.unit_drafter, 0)]
+            unit_cost = unit_cost + np.where(
+                self.unit_drafter >= 0, per_draft * self.unit_drafted, 0.0
+            )
+        equal = self.step_time_s[step] * self.unit_rows / rows_in_step
+        return np.where(ok[step], unit_cost * scale[step], equal)
 
     def context_inverse_rows(self, step_weights: FloatArray | None = None) -> FloatArray:
         """Mean of 1/rows-in-step over the rows of each context (a row's share of the intercept)."""
@@ -250,6 +272,7 @@ def prepare(table: pa.Table) -> LoggedRounds:
         unit_rows=unit_rows,
         unit_tokens=np.add.reduceat((accepted + 1).astype(np.float64), unit_start),
         unit_seconds=np.add.reduceat(row_seconds, unit_start),
+        unit_drafted=np.add.reduceat(drafted.astype(np.float64), unit_start),
         unit_tokens_at_k=tokens_at_k,
         unit_drafted_at_k=drafted_at_k,
         row_drafted=drafted,

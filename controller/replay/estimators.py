@@ -20,12 +20,13 @@ the step's weight), so rows that shared a step's time and draw stay together.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from controller.replay.cost import fit_step_cost
+from controller.replay.cost import StepCostModel, fit_step_cost
 from controller.replay.data import LoggedRounds
 
 FloatArray = npt.NDArray[np.float64]
@@ -150,6 +151,88 @@ def _values_of(point: FloatArray, data: LoggedRounds) -> dict[str, PolicyValue]:
     }
 
 
+class _TruncationGroups:
+    """Units sorted by (context, drafter), for fast grouped sums in the bootstrap."""
+
+    def __init__(self, data: LoggedRounds) -> None:
+        nd = max(len(data.drafters), 1)
+        spec = data.unit_drafter >= 0
+        key = data.unit_context[spec] * nd + data.unit_drafter[spec]
+        order = np.argsort(key, kind="stable")
+        self.units = np.flatnonzero(spec)[order]
+        sorted_key = key[order]
+        self.starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        if not sorted_key.size:
+            self.starts = np.zeros(0, dtype=np.int64)
+        self.keys = sorted_key[self.starts]
+        k = data.unit_tokens_at_k.shape[1]
+        u = self.units
+        rows_at_k = data.unit_rows[u, None] * (data.unit_k[u, None] >= np.arange(k)[None, :])
+        # (units, 3k): tokens, drafts and rounds at each k
+        self.matrix = np.hstack([data.unit_tokens_at_k[u], data.unit_drafted_at_k[u], rows_at_k])
+        self.num_k = k
+
+
+@dataclass(frozen=True)
+class Resample:
+    """The log as one bootstrap replicate sees it (``step_weights`` None: the log itself)."""
+
+    step_weights: FloatArray | None
+    cost: StepCostModel
+
+    def unit_weights(self, data: LoggedRounds) -> FloatArray:
+        if self.step_weights is None:
+            return np.ones(data.num_units)
+        return self.step_weights[data.unit_step]
+
+    def unit_seconds(self, data: LoggedRounds) -> FloatArray:
+        if self.step_weights is None:
+            return data.unit_seconds
+        return data.attribute_seconds(self.cost)
+
+
+class Bootstrap:
+    """Poisson bootstrap over steps, shared by every estimator and candidate on one log.
+
+    Replicate ``b`` gives each step a Poisson(1) weight (regenerated from the
+    seed on demand, so memory does not grow with the log) and refits the step
+    cost model under those weights, once, so intervals carry the cost model's
+    uncertainty too.
+    """
+
+    def __init__(
+        self, data: LoggedRounds, n_bootstrap_samples: int = 200, random_state: int | None = None
+    ) -> None:
+        if n_bootstrap_samples < 1:
+            raise ValueError(f"n_bootstrap_samples={n_bootstrap_samples} must be at least 1")
+        self.data = data
+        self.seed = (
+            int(np.random.default_rng().integers(2**62)) if random_state is None else random_state
+        )
+        self.n = n_bootstrap_samples
+        self.original = Resample(None, data.cost)
+        self.groups = _TruncationGroups(data)
+        self._costs = [
+            fit_step_cost(
+                data.step_bucket,
+                data.step_time_s,
+                data.step_rows,
+                data.step_drafted,
+                data.num_buckets,
+                weights=self.step_weights(b),
+            )
+            for b in range(self.n)
+        ]
+
+    def step_weights(self, b: int) -> FloatArray:
+        rng = np.random.default_rng([self.seed, b])
+        return np.asarray(rng.poisson(1.0, self.data.num_steps), dtype=np.float64)
+
+    def __iter__(self) -> Iterator[Resample]:
+        for b in range(self.n):
+            yield Resample(self.step_weights(b), self._costs[b])
+
+
 @dataclass(frozen=True)
 class _RatioEstimator:
     """An estimator whose value per scope is sum(a) / sum(d) over units, tokens and seconds."""
@@ -157,14 +240,23 @@ class _RatioEstimator:
     estimator_name: str = field(init=False, default="")
 
     def _terms(
-        self, data: LoggedRounds, action_dist: FloatArray
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        resample: Resample,
+        groups: _TruncationGroups | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         raise NotImplementedError
 
     def _value(
-        self, data: LoggedRounds, terms: tuple[FloatArray, FloatArray, FloatArray], c: FloatArray
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        resample: Resample,
+        groups: _TruncationGroups | None = None,
     ) -> FloatArray:
-        tok, sec, den = terms
+        tok, sec, den = self._terms(data, action_dist, resample, groups)
+        c = resample.unit_weights(data)
         sums = _by_scope(data, np.column_stack([c * tok, c * sec, c * den]))
         with np.errstate(divide="ignore", invalid="ignore"):
             return sums[:, :2] / sums[:, 2:3]
@@ -172,8 +264,8 @@ class _RatioEstimator:
     def estimate_policy_value(
         self, data: LoggedRounds, action_dist: FloatArray
     ) -> dict[str, PolicyValue]:
-        terms = self._terms(data, action_dist)
-        return _values_of(self._value(data, terms, np.ones(data.num_units)), data)
+        _check_action_dist(data, action_dist)
+        return _values_of(self._value(data, action_dist, Resample(None, data.cost)), data)
 
     def estimate_interval(
         self,
@@ -183,14 +275,13 @@ class _RatioEstimator:
         alpha: float = 0.05,
         n_bootstrap_samples: int = 200,
         random_state: int | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> dict[str, IntervalEstimate]:
-        terms = self._terms(data, action_dist)
-        point = self._value(data, terms, np.ones(data.num_units))
-        rng = np.random.default_rng(random_state)
-        reps = np.empty((n_bootstrap_samples, *point.shape))
-        for b in range(n_bootstrap_samples):
-            c = rng.poisson(1.0, data.num_steps).astype(np.float64)[data.unit_step]
-            reps[b] = self._value(data, terms, c)
+        _check_action_dist(data, action_dist)
+        bootstrap = bootstrap or Bootstrap(data, n_bootstrap_samples, random_state)
+        groups = bootstrap.groups
+        point = self._value(data, action_dist, bootstrap.original, groups)
+        reps = np.stack([self._value(data, action_dist, r, groups) for r in bootstrap])
         ess = _ess(data, importance_weights(data, action_dist))
         return _intervals(data, point, reps, alpha, ess)
 
@@ -203,10 +294,14 @@ class InverseProbabilityWeighting(_RatioEstimator):
     estimator_name: str = field(init=False, default="ipw")
 
     def _terms(
-        self, data: LoggedRounds, action_dist: FloatArray
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        resample: Resample,
+        groups: _TruncationGroups | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         w = importance_weights(data, action_dist)
-        return w * data.unit_tokens, w * data.unit_seconds, data.unit_rows
+        return w * data.unit_tokens, w * resample.unit_seconds(data), data.unit_rows
 
 
 @dataclass(frozen=True)
@@ -218,10 +313,14 @@ class SelfNormalizedInverseProbabilityWeighting(_RatioEstimator):
     estimator_name: str = field(init=False, default="snipw")
 
     def _terms(
-        self, data: LoggedRounds, action_dist: FloatArray
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        resample: Resample,
+        groups: _TruncationGroups | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         w = importance_weights(data, action_dist)
-        return w * data.unit_tokens, w * data.unit_seconds, w * data.unit_rows
+        return w * data.unit_tokens, w * resample.unit_seconds(data), w * data.unit_rows
 
 
 @dataclass(frozen=True)
@@ -234,56 +333,22 @@ class ArmModel:
     context_rounds: FloatArray  # (contexts,)
 
 
-class _TruncationGroups:
-    """Units sorted by (context, drafter), for fast grouped sums in the bootstrap."""
-
-    def __init__(self, data: LoggedRounds) -> None:
-        nd = max(len(data.drafters), 1)
-        spec = data.unit_drafter >= 0
-        key = data.unit_context[spec] * nd + data.unit_drafter[spec]
-        order = np.argsort(key, kind="stable")
-        self.units = np.flatnonzero(spec)[order]
-        sorted_key = key[order]
-        self.starts = (
-            np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
-            if (sorted_key.size)
-            else np.zeros(0, dtype=np.int64)
-        )
-        self.keys = sorted_key[self.starts] if sorted_key.size else np.zeros(0, dtype=np.int64)
-        k = data.unit_tokens_at_k.shape[1]
-        u = self.units
-        rows_at_k = data.unit_rows[u, None] * (data.unit_k[u, None] >= np.arange(k)[None, :])
-        self.matrix = np.hstack(
-            [data.unit_tokens_at_k[u], data.unit_drafted_at_k[u], rows_at_k]
-        )  # (units, 3k)
-        self.num_k = k
-
-
 def fit_arm_model(
     data: LoggedRounds,
-    step_weights: FloatArray | None = None,
+    resample: Resample | None = None,
     groups: _TruncationGroups | None = None,
 ) -> ArmModel:
     """The truncation model: what each arm yields per round in each context.
 
     Tokens for ``<drafter>/k=K'`` come from every logged round of that drafter
     at K >= K' in the context, truncated to K' (no importance weights); ``off``
-    commits exactly one token. Seconds come from the step cost model, refitted
-    with ``step_weights`` in the bootstrap.
+    commits exactly one token. Seconds come from the step cost model.
     """
+    resample = resample or Resample(None, data.cost)
     groups = groups or _TruncationGroups(data)
-    c_step = np.ones(data.num_steps) if step_weights is None else step_weights
-    c_unit = c_step[data.unit_step]
-    cost = data.cost
-    if step_weights is not None:
-        cost = fit_step_cost(
-            data.step_bucket,
-            data.step_time_s,
-            data.step_rows,
-            data.step_drafted,
-            data.num_buckets,
-            weights=step_weights,
-        )
+    c_step = resample.step_weights
+    c_unit = resample.unit_weights(data)
+    cost = resample.cost
     nc, na, nd, k = data.num_contexts, len(data.arms), max(len(data.drafters), 1), groups.num_k
     sums = np.zeros((nc * nd, 3 * k))
     if groups.units.size:
@@ -361,16 +426,16 @@ class TruncationModel:
         alpha: float = 0.05,
         n_bootstrap_samples: int = 200,
         random_state: int | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> dict[str, IntervalEstimate]:
         _check_action_dist(data, action_dist)
-        groups = _TruncationGroups(data)
-        model = fit_arm_model(data, groups=groups)
+        bootstrap = bootstrap or Bootstrap(data, n_bootstrap_samples, random_state)
+        groups = bootstrap.groups
+        model = fit_arm_model(data, bootstrap.original, groups)
         point = _model_value(data, action_dist, model)
-        rng = np.random.default_rng(random_state)
-        reps = np.empty((n_bootstrap_samples, *point.shape))
-        for b in range(n_bootstrap_samples):
-            c = rng.poisson(1.0, data.num_steps).astype(np.float64)
-            reps[b] = _model_value(data, action_dist, fit_arm_model(data, c, groups))
+        reps = np.stack(
+            [_model_value(data, action_dist, fit_arm_model(data, r, groups)) for r in bootstrap]
+        )
         # Logged rounds behind the candidate's arms, weighted by how often it plays them.
         support = np.where(action_dist > 0, action_dist * model.support, 0.0)
         support_ctx = support.sum(axis=1)
@@ -390,10 +455,15 @@ class DoublyRobust(_RatioEstimator):
     estimator_name: str = field(init=False, default="dr")
 
     def _terms(
-        self, data: LoggedRounds, action_dist: FloatArray
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        resample: Resample,
+        groups: _TruncationGroups | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         w = importance_weights(data, action_dist)
-        model = fit_arm_model(data)
+        seconds = resample.unit_seconds(data)
+        model = fit_arm_model(data, resample, groups)
         q_tok = np.nan_to_num(model.tokens, nan=0.0)
         q_sec = np.nan_to_num(model.seconds, nan=0.0)
         dm_tok = (action_dist * q_tok).sum(axis=1)[data.unit_context]
@@ -402,7 +472,7 @@ class DoublyRobust(_RatioEstimator):
         own_sec = q_sec[data.unit_context, data.unit_arm]
         n = data.unit_rows
         tok = n * dm_tok + w * (data.unit_tokens - n * own_tok)
-        sec = n * dm_sec + w * (data.unit_seconds - n * own_sec)
+        sec = n * dm_sec + w * (seconds - n * own_sec)
         return tok, sec, n
 
 

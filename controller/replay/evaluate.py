@@ -18,6 +18,7 @@ from controller.replay.data import LoggedRounds
 from controller.replay.estimators import (
     ESTIMATORS,
     SCOPE_ALL,
+    Bootstrap,
     IntervalEstimate,
     fit_arm_model,
     scopes,
@@ -127,7 +128,7 @@ def evaluate(
     alpha: float = 0.05,
     n_bootstrap_samples: int = 200,
     random_state: int | None = 0,
-    update_every_steps: int = 64,
+    update_every: int = 128,
     min_ess: float = 100.0,
     on_task: Callable[[str], None] | None = None,
 ) -> Evaluation:
@@ -149,6 +150,14 @@ def evaluate(
     logged = np.zeros((data.num_contexts, len(data.arms)))
     np.add.at(logged, (data.unit_context, data.unit_arm), 1.0)
     modelled = np.isfinite(fit_arm_model(data).tokens)
+    bootstrap = Bootstrap(data, n_bootstrap_samples, random_state)
+    for candidate in candidates:
+        if candidate.arm is not None and data.arm_code(candidate.arm) is None:
+            can = ", ".join(a.name for a in data.arms)
+            raise ValueError(
+                f"policy {candidate.label!r}: the log cannot evaluate {candidate.arm.name} "
+                f"(it can evaluate {can}: logged arms and shorter K of logged drafters)"
+            )
     for candidate in candidates:
         policy = candidate.make()
         policy.set_arms(data.arms)
@@ -159,7 +168,7 @@ def evaluate(
             if on_task is not None:
                 on_task(f"{candidate.label} {name}")
             if name == "replay":
-                intervals = RejectionReplay(update_every_steps).estimate_interval(
+                intervals = RejectionReplay(update_every).estimate_interval(
                     data,
                     candidate.make,
                     alpha=alpha,
@@ -168,11 +177,7 @@ def evaluate(
                 )
             else:
                 intervals = ESTIMATORS[name]().estimate_interval(
-                    data,
-                    dist,
-                    alpha=alpha,
-                    n_bootstrap_samples=n_bootstrap_samples,
-                    random_state=random_state,
+                    data, dist, alpha=alpha, bootstrap=bootstrap
                 )
             for i, scope in enumerate(evaluation.scopes):
                 est = intervals[scope]

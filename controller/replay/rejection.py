@@ -5,8 +5,10 @@ probability ``pi(logged arm | context) / (M * propensity)``, where ``pi`` is
 the candidate's distribution at that moment and ``M = 1 / min propensity``
 bounds the weights, so accepted rounds are distributed as if the candidate had
 chosen them; the candidate then learns from what it accepted
-(``update_params``), as it would in the sidecar. The candidate's distribution
-is refreshed every ``update_every_steps`` logged steps, like a policy push.
+(``update_params``), as it would in the sidecar. The candidate learns and
+refreshes its distribution after every ``update_every`` accepted
+step-contexts, its own interactions, like a policy push (128 is about 64
+steps of an engine serving two classes).
 
 Unbiased for any policy, adaptive or not, as long as the log gave every arm it
 plays a positive propensity; it uses about ``1/M`` of the log per unit of
@@ -17,7 +19,6 @@ variability of the candidate's own learning path.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -108,12 +109,12 @@ def _batch_of(
 class RejectionReplay:
     """Replay an adaptive candidate against the log; see the module docstring."""
 
-    update_every_steps: int = 64
+    update_every: int = 128
     estimator_name: str = field(init=False, default="replay")
 
     def __post_init__(self) -> None:
-        if self.update_every_steps < 1:
-            raise ValueError(f"update_every_steps={self.update_every_steps} must be at least 1")
+        if self.update_every < 1:
+            raise ValueError(f"update_every={self.update_every} must be at least 1")
 
     def accepted_units(
         self,
@@ -121,34 +122,48 @@ class RejectionReplay:
         make_policy: Callable[[], Policy],
         *,
         random_state: int | None = None,
-        progress: Callable[[int], None] | None = None,
     ) -> IntArray:
         """Replay the log through a fresh policy; the accepted units, in time order."""
         policy = make_policy()
         policy.set_arms(data.arms)
         rng = np.random.default_rng(random_state)
         scale = float(data.unit_propensity.min())  # 1 / M
-        step_order = np.argsort(data.step_end_unix_s, kind="stable")
-        step_rank = np.empty_like(step_order)
-        step_rank[step_order] = np.arange(step_order.shape[0])
-        unit_rank = step_rank[data.unit_step]
-        unit_order = np.argsort(unit_rank, kind="stable")
-        chunk_of_unit = unit_rank[unit_order] // self.update_every_steps
-        bounds = np.flatnonzero(np.r_[True, chunk_of_unit[1:] != chunk_of_unit[:-1], True])
+        step_rank = np.empty(data.num_steps, dtype=np.int64)
+        step_rank[np.argsort(data.step_end_unix_s, kind="stable")] = np.arange(data.num_steps)
+        order = np.argsort(step_rank[data.unit_step], kind="stable")
+        # Decide acceptance a block at a time under the current distribution; at the
+        # update_every-th acceptance the candidate learns, and decisions drawn past
+        # that point are thrown away (they influenced nothing) and drawn again.
+        block = max(4 * self.update_every, 1024)
         accepted: list[IntArray] = []
-        for n, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-            units = unit_order[lo:hi]
-            dist = candidate_action_dist(data, policy)
+        pending: list[IntArray] = []
+        num_pending = 0
+        updates = 0
+        pos = 0
+        dist = candidate_action_dist(data, policy)
+        while pos < order.shape[0]:
+            units = order[pos : pos + block]
             pi = dist[data.unit_context[units], data.unit_arm[units]]
             keep = rng.random(units.shape[0]) * data.unit_propensity[units] < pi * scale
-            if keep.any():
-                taken = np.sort(units[keep])
-                accepted.append(taken)
+            need = self.update_every - num_pending
+            hits = np.flatnonzero(keep)
+            if hits.size >= need:
+                cut = int(hits[need - 1]) + 1
+                pending.append(units[:cut][keep[:cut]])
+                pos += cut
+                taken = np.sort(np.concatenate(pending))
                 taken_pi = dist[data.unit_context[taken], data.unit_arm[taken]]
-                for batch in _batch_of(data, taken, taken_pi, n):
+                for batch in _batch_of(data, taken, taken_pi, updates):
                     policy.update_params(batch)
-            if progress is not None:
-                progress(int(hi - lo))
+                accepted.append(taken)
+                pending, num_pending, updates = [], 0, updates + 1
+                dist = candidate_action_dist(data, policy)
+            else:
+                pending.append(units[keep])
+                num_pending += hits.size
+                pos += units.shape[0]
+        if num_pending:
+            accepted.append(np.sort(np.concatenate(pending)))
         return np.concatenate(accepted) if accepted else np.zeros(0, dtype=np.int64)
 
     def estimate_interval(
@@ -159,9 +174,8 @@ class RejectionReplay:
         alpha: float = 0.05,
         n_bootstrap_samples: int = 200,
         random_state: int | None = None,
-        progress: Callable[[int], None] | None = None,
     ) -> dict[str, IntervalEstimate]:
-        units = self.accepted_units(data, make_policy, random_state=random_state, progress=progress)
+        units = self.accepted_units(data, make_policy, random_state=random_state)
         rng = np.random.default_rng(None if random_state is None else random_state + 1)
         cls = data.unit_class[units]
         terms = np.column_stack(
