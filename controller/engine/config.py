@@ -55,7 +55,8 @@ class EngineConfig:
     # Load bucket bounds used until the sidecar's policy brings its own.
     load_buckets: tuple[int, ...] = ()
     # Steps buffered for the sidecar; when full, the oldest are dropped and counted.
-    report_queue_size: int = 4096
+    # A queued step holds its batch's per-step vLLM objects (~50 KB at 256 requests).
+    report_queue_size: int = 1024
     # How often the background thread sends what the steps recorded, seconds.
     report_interval_s: float = 0.2
     # Names this engine in the sidecar's logs and metrics; default host-pid.

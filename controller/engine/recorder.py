@@ -36,6 +36,8 @@ log = structlog.get_logger("controller.engine.recorder")
 # Distinct invalid class values warned about; beyond that they are only counted.
 _MAX_WARNED_CLASSES = 100
 _NO_DRAFTS: tuple[int, ...] = ()
+# Scheduler outputs awaiting their model output; vLLM keeps at most a few in flight.
+_MAX_PENDING_PLANS = 256
 
 
 class _Plan(NamedTuple):
@@ -193,6 +195,8 @@ class StepRecorder:
         view = self.client.view
         bucket = view.load_bucket(batch_size)
         previous = self.chosen
+        if len(self._plans) > _MAX_PENDING_PLANS:  # outputs vLLM never processed (shutdown)
+            self._plans.clear()
         if previous:
             self._plans[output_id] = _Plan(start_monotonic, previous, self._version, self._bucket)
         else:
