@@ -248,3 +248,12 @@ def test_dropped_reports_are_not_counted_twice_across_reconnects(sidecar) -> Non
     assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 8
     connect_and_report_drops(2)  # a restarted engine counts from zero
     assert scrape(sidecar.metrics_url)["specctl_reports_dropped_total"] == 10
+
+
+def test_metrics_include_the_process_wide_registry(sidecar) -> None:
+    from controller.decisionlog import writer  # registers its counters process-wide
+
+    names = {key.split("{")[0] for key in scrape(sidecar.metrics_url)}
+    assert "specctl_policy_version" in names
+    assert "python_info" in names
+    assert writer.ROWS_WRITTEN._name + "_total" in names

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from controller import __version__
 
@@ -153,6 +153,14 @@ class SidecarMetrics:
         )
         self.build_info.labels(version=__version__).set(1)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def exposition(self) -> CollectorRegistry:
+        """What /metrics serves: these metrics, plus the process-wide default registry
+        (the decision log's counters, process and Python runtime metrics)."""
+        exposed = CollectorRegistry()
+        exposed.register(self.registry)
+        exposed.register(REGISTRY)
+        return exposed
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, cached: the report path calls this per class and arm."""

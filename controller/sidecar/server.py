@@ -452,7 +452,7 @@ class Sidecar:
 
         host, _, port_text = sc.metrics_listen.rpartition(":")
         httpd, _thread = start_http_server(
-            int(port_text), addr=host.strip("[]"), registry=self.metrics.registry
+            int(port_text), addr=host.strip("[]"), registry=self.metrics.exposition()
         )
         self._metrics_httpd = httpd
         bound = httpd.server_address
