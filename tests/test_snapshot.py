@@ -249,3 +249,49 @@ def test_snapshot_plus_log_tail_equals_uninterrupted_state(tmp_path: Path) -> No
     result = replay_log_tail(from_log, log_dir, IngestWatermarks())
     assert result.rows == sum(b.num_rows for b in reports)
     assert_same_state(live, from_log)
+
+
+def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
+    """What the server does under load (ingest_many) learns what ingest would.
+
+    Without forgetting (discount 1) the sufficient statistics are equal; with
+    it, rows of one round are decayed together, as the steps of one report are.
+    """
+    params = {"discount": 1.0, "max_rounds": 1e12}
+    one_by_one, together = make_book(**params), make_book(**params)
+    for book in (one_by_one, together):
+        book.offer(OFFERED)
+    reports = batches(12) + batches(6, engine="engine-2", seed=5)
+    for batch in reports:
+        one_by_one.ingest(batch)
+    for i in range(0, len(reports), 6):
+        together.ingest_many([(b, None) for b in reports[i : i + 6]])
+    sa = one_by_one.policy.state_dict()  # type: ignore[attr-defined]
+    sb = together.policy.state_dict()  # type: ignore[attr-defined]
+    for key in ("acceptance_counts", "acceptance_rounds", "cost_xtx", "cost_xty", "load_steps"):
+        np.testing.assert_allclose(sa[key], sb[key], rtol=1e-9, atol=1e-9, err_msg=key)
+    assert set(one_by_one.classes) == set(together.classes)
+
+
+def test_merged_batches_keep_every_row() -> None:
+    from controller.sidecar.coalesce import merge_batches
+
+    parts = batches(3) + batches(2, engine="engine-2", seed=3)
+    merged = merge_batches(parts)
+
+    def rows(b: StepBatch) -> list[tuple]:
+        return sorted(
+            (
+                b.classes[b.class_index[i]],
+                b.arms[b.arm_index[i]].name,
+                int(b.drafted[i]),
+                int(b.accepted[i]),
+                int(b.step_index[b.request_step[i]]),
+                float(b.step_time_s[b.request_step[i]]),
+            )
+            for i in range(b.num_rows)
+        )
+
+    assert rows(merged) == sorted(r for b in parts for r in rows(b))
+    assert merged.num_steps == sum(b.num_steps for b in parts)
+    assert np.array_equal(merged.arm_k, [a.k for a in np.array(merged.arms)[merged.arm_index]])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from controller.api import pb
 from controller.arms import OFF, Arm, arms_for
 from controller.logs import get_logger
 from controller.policy.base import Decision, Evidence, Policy
+from controller.sidecar.coalesce import merge_batches
 from controller.sidecar.metrics import SidecarMetrics
 from controller.steps import StepBatch, validate_class_name
 
@@ -226,8 +227,68 @@ class PolicyBook:
         ``received_at`` is the ``time.perf_counter()`` at the report's arrival,
         for the update-latency histogram.
         """
+        return self.ingest_many([(batch, received_at)])
+
+    def ingest_many(self, reports: Sequence[tuple[StepBatch, float | None]]) -> bool:
+        """Learn from several validated reports at once: one policy update, one republish.
+
+        The server passes every report that arrived while the previous round was
+        being learned, so under load the policy recomputes its decisions once per
+        round rather than once per report. Sinks still get each report on its own.
+        """
         m = self.metrics
-        # Fold the batch's class table into the classes the book keeps.
+        folded: list[StepBatch] = []
+        new_classes = False
+        for batch, _ in reports:
+            batch, added = self._fold_classes(batch)
+            new_classes |= added
+            folded.append(batch)
+        if not folded:
+            return False
+        batch = merge_batches(folded)
+
+        rows_bucket = batch.load_bucket[batch.request_step]
+        self._count(batch, rows_bucket)
+        try:
+            self.policy.update_params(batch)
+        except Exception:
+            # A policy bug must not take the stream (or other engines) down with it;
+            # the report still reaches the sinks so nothing is lost from the log.
+            m.reports_rejected.labels("policy_error").inc(len(folded))
+            log.exception(
+                "policy_update_failed",
+                engine_id=folded[0].engine_id,
+                sequence=folded[0].sequence,
+                reports=len(folded),
+            )
+        # Only the contexts this report has rows for can have learned anything new.
+        keys = np.unique(batch.class_index * self.num_load_buckets + rows_bucket)
+        contexts = [
+            (batch.classes[int(k) // self.num_load_buckets], int(k) % self.num_load_buckets)
+            for k in keys
+        ]
+        changed = self._republish(contexts, force=False)
+        self._stale_evidence.update(contexts)
+        if new_classes and not changed:
+            self._bump()
+            changed = True
+        now = time.perf_counter()
+        for _, received_at in reports:
+            if received_at is not None:
+                m.policy_update_latency.observe(now - received_at)
+        for one in folded:
+            for sink in self._sinks:
+                try:
+                    sink(one)
+                except Exception:
+                    m.reports_rejected.labels("sink_error").inc()
+                    log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
+        self._refresh_evidence_gauges()
+        return changed
+
+    def _fold_classes(self, batch: StepBatch) -> tuple[StepBatch, bool]:
+        """The batch with its classes folded into those the book keeps; True if any is new."""
+        m = self.metrics
         new_classes = False
         names: list[str] = []
         for name in batch.classes:
@@ -246,39 +307,7 @@ class PolicyBook:
             batch = dataclasses.replace(
                 batch, classes=tuple(unique), class_index=remap[batch.class_index]
             )
-
-        rows_bucket = batch.load_bucket[batch.request_step]
-        self._count(batch, rows_bucket)
-        try:
-            self.policy.update_params(batch)
-        except Exception:
-            # A policy bug must not take the stream (or other engines) down with it;
-            # the report still reaches the sinks so nothing is lost from the log.
-            m.reports_rejected.labels("policy_error").inc()
-            log.exception(
-                "policy_update_failed", engine_id=batch.engine_id, sequence=batch.sequence
-            )
-        # Only the contexts this report has rows for can have learned anything new.
-        keys = np.unique(batch.class_index * self.num_load_buckets + rows_bucket)
-        contexts = [
-            (batch.classes[int(k) // self.num_load_buckets], int(k) % self.num_load_buckets)
-            for k in keys
-        ]
-        changed = self._republish(contexts, force=False)
-        self._stale_evidence.update(contexts)
-        if new_classes and not changed:
-            self._bump()
-            changed = True
-        if received_at is not None:
-            m.policy_update_latency.observe(time.perf_counter() - received_at)
-        for sink in self._sinks:
-            try:
-                sink(batch)
-            except Exception:
-                m.reports_rejected.labels("sink_error").inc()
-                log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
-        self._refresh_evidence_gauges()
-        return changed
+        return batch, new_classes
 
     def _count(self, batch: StepBatch, rows_bucket: np.ndarray) -> None:
         """Per-class counters, vectorised over the batch's rows (one bincount per quantity)."""

@@ -46,7 +46,7 @@ from controller.sidecar.config import (
 from controller.sidecar.metrics import SidecarMetrics
 from controller.sidecar.state import StateKeeper
 from controller.sidecar.tls import CertificateFiles, parse_names, peer_common_names
-from controller.steps import ReportError, decode_step_report, validate_class_name
+from controller.steps import ReportError, StepBatch, decode_step_report, validate_class_name
 
 log = get_logger("specctl.sidecar")
 
@@ -62,6 +62,8 @@ MAX_REMEMBERED_ENGINES = 4096
 REJECTION_LOG_INTERVAL_S = 5.0
 ADMIN_DISABLED = "admin calls are disabled; set admin.enabled"
 GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
+# Validated reports waiting to be learned; beyond this, reports are refused as overloaded.
+MAX_PENDING_REPORTS = 8192
 
 
 class HelloError(ValueError):
@@ -394,6 +396,9 @@ class Sidecar:
         self._health = health.aio.HealthServicer()
         self._metrics_httpd: Any = None
         self._policy_changed: asyncio.Event | None = None
+        # validated reports waiting for the next learning round (bounded)
+        self._pending: list[tuple[StepBatch, float | None]] = []
+        self._ingest_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._config_mtime = self._mtime()
 
@@ -402,6 +407,7 @@ class Sidecar:
     async def start(self) -> None:
         sc = self.config.server
         self._policy_changed = asyncio.Event()
+        self._ingest_ready = asyncio.Event()
         if self.state is not None:
             self.state.open()
         options = [
@@ -462,6 +468,7 @@ class Sidecar:
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._tasks = [
             asyncio.create_task(self._push_loop(), name="specctl-push"),
+            asyncio.create_task(self._ingest_loop(), name="specctl-ingest"),
             asyncio.create_task(self._watch_config(), name="specctl-config-watch"),
         ]
         if self.state is not None:
@@ -500,6 +507,7 @@ class Sidecar:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.ingest_pending()
         if self.state is not None:
             await asyncio.to_thread(self.state.close)
         if self._metrics_httpd is not None:
@@ -559,6 +567,17 @@ class Sidecar:
                 )
             )
             return
+        if len(self._pending) >= MAX_PENDING_REPORTS:
+            m.reports_rejected.labels("overloaded").inc()
+            session.outbox.put_rejection(
+                pb.ReportRejected(
+                    sequence=report.sequence,
+                    code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                    message=f"the sidecar is overloaded: {len(self._pending)} reports wait "
+                    "to be learned",
+                )
+            )
+            return
         try:
             if session.last_sequence is not None and report.sequence <= session.last_sequence:
                 raise ReportError(
@@ -598,7 +617,25 @@ class Sidecar:
         if session.last_sequence is not None and batch.sequence > session.last_sequence + 1:
             m.reports_dropped.inc(batch.sequence - session.last_sequence - 1)
         session.last_sequence = batch.sequence
-        if self.book.ingest(batch, received_at):
+        if self._ingest_ready is None:  # not serving (in-process use): learn right away
+            if self.book.ingest(batch, received_at):
+                self.notify_policy_changed()
+            return
+        self._pending.append((batch, received_at))
+        self._ingest_ready.set()
+
+    async def _ingest_loop(self) -> None:
+        """Learn from every report that arrived since the last round, in one round."""
+        assert self._ingest_ready is not None
+        while True:
+            await self._ingest_ready.wait()
+            self._ingest_ready.clear()
+            self.ingest_pending()
+            await asyncio.sleep(0)  # let the stream readers queue what has arrived meanwhile
+
+    def ingest_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and self.book.ingest_many(pending):
             self.notify_policy_changed()
 
     def _take_report_token(self, session: Session, now: float) -> bool:
