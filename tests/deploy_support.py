@@ -53,10 +53,25 @@ def promql_metric_names(expr: str) -> set[str]:
 
 def specctl_metric_names() -> set[str]:
     """Every series name the sidecar's registry exports."""
-    from controller.sidecar.metrics import SidecarMetrics
+    from prometheus_client import CollectorRegistry
 
+    import controller.decisionlog.writer as decision_log
+    from controller.sidecar.metrics import SidecarMetrics
+    from controller.sidecar.snapshot import SnapshotMetrics
+
+    registry = SidecarMetrics().registry
+    SnapshotMetrics(registry)
+    families = list(registry.collect())
+    extra = CollectorRegistry()
+    for counter in (
+        decision_log.ROWS_WRITTEN,
+        decision_log.SEGMENTS_WRITTEN,
+        decision_log.ROWS_DROPPED,
+    ):
+        extra.register(counter)
+    families += list(extra.collect())
     names: set[str] = set()
-    for family in SidecarMetrics().registry.collect():
+    for family in families:
         if family.type == "counter":
             names |= {family.name + "_total", family.name + "_created"}
         elif family.type == "histogram":
