@@ -305,3 +305,50 @@ def test_report_flood_from_one_engine_is_rate_limited(sidecar_factory) -> None:
         assert engine.error is None
     finally:
         engine.close()
+
+
+def test_the_engine_client_connects_over_mutual_tls(sidecar_factory, pki: Pki) -> None:
+    from controller.arms import parse_arm
+    from controller.engine.client import SidecarClient
+    from controller.engine.config import ConfigError as EngineConfigError
+    from controller.engine.config import EngineConfig
+
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(pki.dir / "server.pem"),
+        server_tls_key_file=str(pki.dir / "server.key"),
+        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+    )
+    (pki.dir / "engine.pem").write_bytes(pki.engine.cert)
+    (pki.dir / "engine.key").write_bytes(pki.engine.key)
+    env = {
+        "SPECCTL_ADDRESS": sc.address,
+        "SPECCTL_TLS_CA_FILE": str(pki.dir / "ca.pem"),
+        "SPECCTL_TLS_CERT_FILE": str(pki.dir / "engine.pem"),
+        "SPECCTL_TLS_KEY_FILE": str(pki.dir / "engine.key"),
+        "SPECCTL_ENGINE_ID": "engine-tls",
+    }
+    config = EngineConfig.load(env)
+    hello = pb.Hello(
+        engine_id="engine-tls",
+        drafters=[pb.Drafter(method="ngram", max_k=4)],
+        fallback_arm="off",
+    )
+    client = SidecarClient(config, hello, {"ngram": 4}, parse_arm("off"))
+    client.start()
+    try:
+        wait_for(lambda: client.state().policy_version > 0, timeout=20)
+        assert client.state().connected
+    finally:
+        client.close()
+    # without its certificate the engine cannot connect, and stays in fallback
+    no_cert = EngineConfig.load({**env, "SPECCTL_TLS_CERT_FILE": "", "SPECCTL_TLS_KEY_FILE": ""})
+    client = SidecarClient(no_cert, hello, {"ngram": 4}, parse_arm("off"))
+    client.start()
+    try:
+        time.sleep(1.0)
+        assert client.state().policy_version == 0 and not client.state().connected
+    finally:
+        client.close()
+    with pytest.raises(EngineConfigError, match="go together"):
+        EngineConfig.load({**env, "SPECCTL_TLS_KEY_FILE": ""})

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -214,7 +215,12 @@ class SidecarClient:
         while not self._stop.is_set():
             done = threading.Event()
             got_policy = False
-            channel = grpc.insecure_channel(self.config.address, options=_KEEPALIVE)
+            try:
+                channel = open_channel(self.config)
+            except OSError as exc:
+                self._enter_fallback(f"TLS files unreadable: {exc}")
+                self._stop.wait(self.config.reconnect_max_s)
+                continue
             try:
                 stub = pb_grpc.SpecControllerStub(channel)
                 call = stub.Connect(self._requests(done))
@@ -254,3 +260,19 @@ class SidecarClient:
             delay = backoff * (0.5 + self._jitter.random())
             backoff = min(backoff * 2.0, self.config.reconnect_max_s)
             self._stop.wait(delay)
+
+
+def open_channel(config: EngineConfig) -> grpc.Channel:
+    """A channel to the sidecar: plain, or TLS/mTLS with the files read now (rotation-safe)."""
+    if not config.tls:
+        return grpc.insecure_channel(config.address, options=_KEEPALIVE)
+
+    def read(path: str) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read(config.tls_ca_file),
+        private_key=read(config.tls_key_file),
+        certificate_chain=read(config.tls_cert_file),
+    )
+    return grpc.secure_channel(config.address, credentials, options=_KEEPALIVE)

@@ -66,6 +66,11 @@ class EngineConfig:
     # Reconnect backoff bounds, seconds.
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 5.0
+    # TLS to a sidecar on TCP (PEM files, re-read at each connect): the CA that signed the
+    # sidecar's certificate (empty: the system's roots); with a certificate and key, mTLS.
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
 
     def __post_init__(self) -> None:
         if not self.address or any(c.isspace() for c in self.address):
@@ -116,6 +121,19 @@ class EngineConfig:
                 f"reconnect_min_s={self.reconnect_min_s!r} and reconnect_max_s="
                 f"{self.reconnect_max_s!r} must satisfy 0 < min <= max <= 600"
             )
+
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError(
+                "tls_cert_file and tls_key_file go together: a client certificate needs its key"
+            )
+        for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            path = getattr(self, key)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"{key}={path!r} is not a readable file")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_ca_file or self.tls_cert_file)
 
     def fallback(self, engine_default: Arm) -> Arm:
         """The fallback arm: the configured one, else the engine's own setting."""
@@ -215,6 +233,9 @@ def _optional_int(value: Any, where: str) -> int | None:
 
 _PARSERS: dict[str, Any] = {
     "address": _str,
+    "tls_ca_file": _str,
+    "tls_cert_file": _str,
+    "tls_key_file": _str,
     "fallback_arm": _str,
     "max_policy_age_s": _float,
     "class_key": _str,

@@ -668,7 +668,7 @@ class Sidecar:
             log.info(
                 "engine_fallback" if status.in_fallback else "engine_fallback_ended",
                 engine_id=session.engine_id,
-                reason=status.fallback_reason,
+                reason=status.fallback_reason[:MAX_TEXT_FIELD_LEN],
             )
         self._update_status_gauges()
 
