@@ -63,11 +63,20 @@ def tables(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge(files: list[Path]) -> dict[str, Any]:
+    """One bench JSON with every run of ``files`` (the same policies in each)."""
+    merged: dict[str, Any] = {"policies": {}}
+    for path in files:
+        for name, p in json.loads(path.read_text())["policies"].items():
+            merged["policies"].setdefault(name, {"runs": {}})["runs"].update(p["runs"])
+    return merged
+
+
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    print(tables(json.loads(Path(sys.argv[1]).read_text())))
+    print(tables(merge([Path(a) for a in sys.argv[1:]])))
     return 0
 
 
