@@ -295,3 +295,15 @@ def test_merged_batches_keep_every_row() -> None:
     assert rows(merged) == sorted(r for b in parts for r in rows(b))
     assert merged.num_steps == sum(b.num_steps for b in parts)
     assert np.array_equal(merged.arm_k, [a.k for a in np.array(merged.arms)[merged.arm_index]])
+
+
+def test_decision_log_rows_of_many_reports_are_those_of_each() -> None:
+    import pyarrow as pa
+
+    from controller.decisionlog.schema import batch_to_table, batches_to_table
+
+    parts = batches(4) + batches(3, engine="engine-2", seed=9)
+    together = batches_to_table(parts)
+    one_by_one = pa.concat_tables([batch_to_table(b) for b in parts])
+    assert together.schema == one_by_one.schema
+    assert together.to_pylist() == one_by_one.to_pylist()

@@ -10,6 +10,8 @@ reject versions they do not know.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 
@@ -76,3 +78,47 @@ def batch_to_table(batch: StepBatch) -> pa.Table:
         pa.array(np.full(r, batch.sequence), type=pa.int64()),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
+
+
+def batches_to_table(batches: Sequence[StepBatch]) -> pa.Table:
+    """The rows of several reports as one table: the rows of ``batch_to_table`` of each, in order.
+
+    Building one table for many reports costs per row, not per report: the
+    writer converts what it buffered once per flush, off the report path.
+    """
+    engines: dict[str, int] = {}
+    classes: dict[str, int] = {}
+    arms: dict[str, int] = {}
+    cols: dict[str, list[np.ndarray]] = {name: [] for name in SCHEMA.names}
+    for b in batches:
+        order = np.lexsort((b.class_index, b.request_step))
+        step = b.request_step[order]
+        r = b.num_rows
+        cmap = np.array([classes.setdefault(c, len(classes)) for c in b.classes], dtype=np.int32)
+        amap = np.array([arms.setdefault(a.name, len(arms)) for a in b.arms], dtype=np.int32)
+        engine = engines.setdefault(b.engine_id, len(engines))
+        cols["time_unix_s"].append(b.step_end_unix_s[step])
+        cols["engine_id"].append(np.full(r, engine, dtype=np.int32))
+        cols["step_index"].append(b.step_index[step])
+        cols["workload_class"].append(cmap[b.class_index[order]] if r else np.zeros(0, np.int32))
+        cols["load_bucket"].append(b.load_bucket[step])
+        cols["arm"].append(amap[b.arm_index[order]] if r else np.zeros(0, np.int32))
+        cols["propensity"].append(b.propensity[order])
+        cols["drafted"].append(b.drafted[order])
+        cols["accepted"].append(b.accepted[order])
+        cols["step_time_s"].append(b.step_time_s[step])
+        cols["num_requests"].append(b.num_requests[step])
+        cols["batch_size"].append(b.batch_size[step])
+        cols["num_scheduled_tokens"].append(b.num_scheduled_tokens[step])
+        cols["policy_version"].append(b.policy_version[step])
+        cols["report_sequence"].append(np.full(r, b.sequence, dtype=np.int64))
+    tables = {"engine_id": list(engines), "workload_class": list(classes), "arm": list(arms)}
+    arrays = []
+    for field_ in SCHEMA:
+        parts = cols[field_.name]
+        values = np.concatenate(parts) if parts else np.zeros(0)
+        if field_.name in tables:
+            arrays.append(_dict_column(values.astype(np.int32), tables[field_.name]))
+        else:
+            arrays.append(pa.array(values, type=field_.type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)

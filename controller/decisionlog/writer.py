@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import structlog
 from prometheus_client import Counter
 
-from controller.decisionlog.schema import SCHEMA, batch_to_table
+from controller.decisionlog.schema import SCHEMA, batches_to_table
 from controller.steps import StepBatch
 
 log = structlog.get_logger(__name__)
@@ -139,7 +139,7 @@ class DecisionLogWriter:
             if m:
                 last = max(last, int(m.group("last")))
         self._next_number = last + 1
-        self._buffer: list[pa.Table] = []
+        self._buffer: list[StepBatch] = []  # converted to a table at flush, off the caller
         self._buffered_rows = 0
         self._pending: list[_Segment] = []
         self._buffer_lock = threading.Lock()
@@ -156,14 +156,14 @@ class DecisionLogWriter:
         """Buffer a validated batch; cheap, never blocks on the disk."""
         if batch.num_rows == 0:
             return
-        table = batch_to_table(batch)
+        rows = batch.num_rows
         with self._buffer_lock:
-            if self._buffered_rows + table.num_rows > self.config.max_buffered_rows:
-                self.rows_dropped += table.num_rows
-                ROWS_DROPPED.labels("buffer_full").inc(table.num_rows)
+            if self._buffered_rows + rows > self.config.max_buffered_rows:
+                self.rows_dropped += rows
+                ROWS_DROPPED.labels("buffer_full").inc(rows)
                 return
-            self._buffer.append(table)
-            self._buffered_rows += table.num_rows
+            self._buffer.append(batch)
+            self._buffered_rows += rows
             full = self._buffered_rows >= self.config.flush_rows
         if full:
             self._wake.set()
@@ -172,13 +172,14 @@ class DecisionLogWriter:
         """Write what is buffered as one segment, then rotate if due."""
         with self._write_lock:
             with self._buffer_lock:
-                tables, self._buffer = self._buffer, []
+                batches, self._buffer = self._buffer, []
                 rows, self._buffered_rows = self._buffered_rows, 0
-            if tables:
+            if batches:
                 number = self._next_number
                 path = self.config.directory / file_name(number, number)
                 try:
-                    size = write_atomically(pa.concat_tables(tables), path, self.config.compression)
+                    table = batches_to_table(batches)
+                    size = write_atomically(table, path, self.config.compression)
                 except OSError as exc:
                     self.rows_dropped += rows
                     ROWS_DROPPED.labels("write_error").inc(rows)
