@@ -229,3 +229,19 @@ def test_rejection_replay_matches_an_adaptive_policy_run_online() -> None:
     assert min(e.goodput_low for e in estimates) > logging.goodput["all"] + 20
     ev = evaluate(data, [Candidate("epsilon-greedy", EpsilonGreedy, stationary=False)])
     assert {r.estimator for r in ev.results} == {"replay"}
+
+
+def test_ipw_on_step_sums_equals_the_per_unit_formula() -> None:
+    data = prepare(log_table(ENV, logging_dist(), 1000, 8))
+    d = _dist(data, "ngram/k=2")
+    w = d[data.unit_context, data.unit_arm] / data.unit_propensity
+    chat = data.unit_class == CLASSES.index("chat")
+    value = InverseProbabilityWeighting().estimate_policy_value(data, d)
+    for scope, m in (("all", np.ones_like(chat)), ("chat", chat)):
+        rounds = data.unit_rows[m].sum()
+        assert value[scope].tokens_per_round == pytest.approx(
+            (w * data.unit_tokens)[m].sum() / rounds
+        )
+        assert value[scope].seconds_per_round == pytest.approx(
+            (w * data.unit_seconds)[m].sum() / rounds
+        )

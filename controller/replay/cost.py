@@ -31,6 +31,11 @@ class StepCostModel:
     per_draft: FloatArray  # (buckets, drafters)
     rank_deficient: bool = False
 
+    @property
+    def coefficients(self) -> FloatArray:
+        """(buckets, 2 + drafters): intercept, per row, per draft of each drafter."""
+        return np.column_stack([self.intercept, self.per_row, self.per_draft])
+
     def predict(self, bucket: IntArray, rows: FloatArray, drafted: FloatArray) -> FloatArray:
         """Step time for steps in ``bucket`` with ``rows`` and ``drafted[:, d]`` per drafter."""
         return (
@@ -40,21 +45,22 @@ class StepCostModel:
         )
 
 
-def _nonnegative_lstsq(
-    x: FloatArray, y: FloatArray, w: FloatArray | None
-) -> tuple[FloatArray, bool]:
-    """Least squares with coefficients clipped to >= 0 by refitting without the negative ones."""
-    if w is not None:
-        sw = np.sqrt(w)
-        x, y = x * sw[:, None], y * sw
-    active = np.ones(x.shape[1], dtype=bool)
-    coef = np.zeros(x.shape[1])
-    rank_deficient = False
-    for _ in range(x.shape[1]):
-        sol, _res, rank, _sv = np.linalg.lstsq(x[:, active], y, rcond=None)
-        rank_deficient = bool(rank < int(active.sum()))
+def _nonnegative_solve(xtx: FloatArray, xty: FloatArray) -> tuple[FloatArray, bool]:
+    """Least squares from the normal equations, coefficients clipped to >= 0 by
+    solving again without the negative ones; also whether X was rank deficient."""
+    p = xtx.shape[0]
+    scale = np.sqrt(np.maximum(np.diag(xtx), 1e-300))
+    a = xtx / np.outer(scale, scale)  # equilibrated: a well-posed fit has a ~ correlation matrix
+    eig = np.linalg.eigvalsh(a)
+    deficient = bool(eig.min() < 1e-9 * max(eig.max(), 1e-300))
+    active = np.ones(p, dtype=bool)
+    coef = np.zeros(p)
+    for _ in range(p):
+        sub = a[np.ix_(active, active)]
+        rhs = (xty / scale)[active]
+        sol = np.linalg.lstsq(sub, rhs, rcond=1e-10)[0]
         coef[:] = 0.0
-        coef[active] = sol
+        coef[active] = sol / scale[active]
         negative = coef < 0.0
         if not negative.any():
             break
@@ -62,7 +68,71 @@ def _nonnegative_lstsq(
         coef[negative] = 0.0
         if not active.any():
             break
-    return coef, rank_deficient
+    return coef, deficient
+
+
+class StepCostFitter:
+    """Fits :class:`StepCostModel` to one set of steps under many step weightings.
+
+    The per-step normal-equation terms are computed once, so a bootstrap
+    replicate's refit is a product of its weights with them, not a pass over
+    the rows. Buckets with too few steps, or no variation to tell the
+    coefficients apart (one arm only), use the fit over all steps.
+    """
+
+    def __init__(
+        self,
+        bucket: IntArray,
+        step_time_s: FloatArray,
+        rows: FloatArray,
+        drafted: FloatArray,
+        num_buckets: int,
+    ) -> None:
+        x = np.column_stack([np.ones_like(rows), rows, drafted])
+        self.p = x.shape[1]
+        self.num_buckets = num_buckets
+        self.num_drafters = drafted.shape[1]
+        # per step: x x^T (flattened), x y and 1, grouped by bucket
+        terms = np.column_stack(
+            [np.einsum("sp,sq->spq", x, x).reshape(-1, self.p * self.p), x * step_time_s[:, None]]
+        )
+        self._terms = np.column_stack([terms, np.ones(len(rows))])
+        self._bucket = bucket
+
+    def _solve(self, sums: FloatArray) -> StepCostModel:
+        """``sums``: (buckets, p*p + p + 1) weighted sums of the per-step terms."""
+        p = self.p
+        xtx = sums[:, : p * p].reshape(-1, p, p)
+        xty = sums[:, p * p : p * p + p]
+        counts = sums[:, -1]
+        pooled, deficient = _nonnegative_solve(xtx.sum(axis=0), xty.sum(axis=0))
+        coef = np.tile(pooled, (self.num_buckets, 1))
+        for b in range(self.num_buckets):
+            if counts[b] < MIN_STEPS_PER_FEATURE * p:
+                continue
+            fit, bucket_deficient = _nonnegative_solve(xtx[b], xty[b])
+            if not bucket_deficient:
+                coef[b] = fit
+        return StepCostModel(
+            coef[:, 0].copy(),
+            coef[:, 1].copy(),
+            coef[:, 2:].reshape(self.num_buckets, self.num_drafters).copy(),
+            deficient,
+        )
+
+    def fit(self, weights: FloatArray | None = None) -> StepCostModel:
+        return self.fit_many(np.ones((1, len(self._bucket))) if weights is None else weights[None])[
+            0
+        ]
+
+    def fit_many(self, weights: FloatArray) -> list[StepCostModel]:
+        """One model per row of ``weights`` (replicates, steps)."""
+        sums = np.zeros((weights.shape[0], self.num_buckets, self._terms.shape[1]))
+        for b in range(self.num_buckets):
+            mask = self._bucket == b
+            if mask.any():
+                sums[:, b] = weights[:, mask] @ self._terms[mask]
+        return [self._solve(s) for s in sums]
 
 
 def fit_step_cost(
@@ -73,25 +143,5 @@ def fit_step_cost(
     num_buckets: int,
     weights: FloatArray | None = None,
 ) -> StepCostModel:
-    """Fit per bucket; buckets with too few steps share the fit over all steps.
-
-    ``drafted`` is (steps, drafters); ``weights`` (per step) serve the bootstrap.
-    """
-    num_drafters = drafted.shape[1]
-    x = np.column_stack([np.ones_like(rows), rows, drafted])
-    p = x.shape[1]
-    pooled, pooled_deficient = _nonnegative_lstsq(x, step_time_s, weights)
-    intercept = np.full(num_buckets, pooled[0])
-    per_row = np.full(num_buckets, pooled[1])
-    per_draft = np.tile(pooled[2:], (num_buckets, 1)).reshape(num_buckets, num_drafters)
-    deficient = pooled_deficient
-    for b in range(num_buckets):
-        mask = bucket == b
-        if int(mask.sum()) < MIN_STEPS_PER_FEATURE * p:
-            continue
-        wb = None if weights is None else weights[mask]
-        coef, bucket_deficient = _nonnegative_lstsq(x[mask], step_time_s[mask], wb)
-        if bucket_deficient:
-            continue  # collinear within the bucket (one arm only): the pooled fit is better
-        intercept[b], per_row[b], per_draft[b] = coef[0], coef[1], coef[2:]
-    return StepCostModel(intercept, per_row, per_draft, deficient)
+    """Fit per bucket; ``drafted`` is (steps, drafters), ``weights`` one per step."""
+    return StepCostFitter(bucket, step_time_s, rows, drafted, num_buckets).fit(weights)

@@ -19,6 +19,7 @@ Goodput (committed tokens per second of engine time) is a ratio of the two.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +112,20 @@ class LoggedRounds:
 
     def context_name(self, context: int) -> tuple[str, int]:
         return self.classes[int(self.context_class[context])], int(self.context_bucket[context])
+
+    @functools.cached_property
+    def step_features(self) -> FloatArray:
+        """(steps, 2 + drafters): what the cost model multiplies, per step."""
+        return np.column_stack([np.ones(self.num_steps), self.step_rows, self.step_drafted])
+
+    def unit_cost_features(self) -> FloatArray:
+        """(units, 2 + drafters): each unit's part of its step's features."""
+        out = np.zeros((self.num_units, 2 + len(self.drafters)))
+        out[:, 0] = self.unit_rows / self.step_rows[self.unit_step]
+        out[:, 1] = self.unit_rows
+        spec = np.flatnonzero(self.unit_drafter >= 0)
+        out[spec, 2 + self.unit_drafter[spec]] = self.unit_drafted[spec]
+        return out
 
     def attribute_seconds(self, cost: StepCostModel) -> FloatArray:
         """Seconds per unit: each step's time split in proportion to its rows' cost under ``cost``.

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.replay.cost import StepCostModel, fit_step_cost
+from controller.replay.cost import StepCostFitter, StepCostModel
 from controller.replay.data import LoggedRounds
 
 FloatArray = npt.NDArray[np.float64]
@@ -194,10 +194,9 @@ class Resample:
 class Bootstrap:
     """Poisson bootstrap over steps, shared by every estimator and candidate on one log.
 
-    Replicate ``b`` gives each step a Poisson(1) weight (regenerated from the
-    seed on demand, so memory does not grow with the log) and refits the step
-    cost model under those weights, once, so intervals carry the cost model's
-    uncertainty too.
+    Replicate ``b`` gives each step a Poisson(1) weight (kept as one byte per
+    step and replicate) and refits the step cost model under those weights,
+    once, so intervals carry the cost model's uncertainty too.
     """
 
     def __init__(
@@ -206,27 +205,23 @@ class Bootstrap:
         if n_bootstrap_samples < 1:
             raise ValueError(f"n_bootstrap_samples={n_bootstrap_samples} must be at least 1")
         self.data = data
-        self.seed = (
-            int(np.random.default_rng().integers(2**62)) if random_state is None else random_state
-        )
         self.n = n_bootstrap_samples
         self.original = Resample(None, data.cost)
         self.groups = _TruncationGroups(data)
-        self._costs = [
-            fit_step_cost(
-                data.step_bucket,
-                data.step_time_s,
-                data.step_rows,
-                data.step_drafted,
-                data.num_buckets,
-                weights=self.step_weights(b),
-            )
-            for b in range(self.n)
-        ]
+        rng = np.random.default_rng(random_state)
+        self._weights = np.minimum(
+            rng.poisson(1.0, (self.n, data.num_steps)), np.iinfo(np.uint8).max
+        ).astype(np.uint8)
+        fitter = StepCostFitter(
+            data.step_bucket, data.step_time_s, data.step_rows, data.step_drafted, data.num_buckets
+        )
+        self._costs: list[StepCostModel] = []
+        chunk = max(1, 8_000_000 // max(data.num_steps, 1))
+        for lo in range(0, self.n, chunk):
+            self._costs += fitter.fit_many(self._weights[lo : lo + chunk].astype(np.float64))
 
     def step_weights(self, b: int) -> FloatArray:
-        rng = np.random.default_rng([self.seed, b])
-        return np.asarray(rng.poisson(1.0, self.data.num_steps), dtype=np.float64)
+        return self._weights[b].astype(np.float64)
 
     def __iter__(self) -> Iterator[Resample]:
         for b in range(self.n):
@@ -286,41 +281,112 @@ class _RatioEstimator:
         return _intervals(data, point, reps, alpha, ess)
 
 
+def _step_class_sums(data: LoggedRounds, values: FloatArray) -> FloatArray:
+    """Sum unit values (U, m) into (steps, classes, m)."""
+    nc = len(data.classes)
+    key = data.unit_step * nc + data.unit_class
+    out = np.empty((data.num_steps * nc, values.shape[1]))
+    for j in range(values.shape[1]):
+        out[:, j] = np.bincount(key, weights=values[:, j], minlength=data.num_steps * nc)
+    return out.reshape(data.num_steps, nc, values.shape[1])
+
+
 @dataclass(frozen=True)
-class InverseProbabilityWeighting(_RatioEstimator):
+class _WeightedRatioEstimator:
+    """IPS-style estimators, computed on per-step sums so the bootstrap costs O(steps).
+
+    Tokens and the denominator are sums of fixed unit terms; a unit's seconds
+    are its share of the step under the cost model, ``T_s * (x_u . theta) /
+    (X_s . theta)``, so the step's share of weighted seconds is ``T_s * (G_s .
+    theta) / (X_s . theta)`` with ``G_s = sum_u w_u x_u``: each replicate's
+    refitted ``theta`` applies to steps, not rows.
+    """
+
+    estimator_name: str = field(init=False, default="")
+    self_normalized = False
+
+    def _step_sums(
+        self, data: LoggedRounds, action_dist: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        w = importance_weights(data, action_dist)
+        den = w * data.unit_rows if self.self_normalized else data.unit_rows
+        fixed = _step_class_sums(data, np.column_stack([w * data.unit_tokens, den]))
+        features = _step_class_sums(data, w[:, None] * data.unit_cost_features())
+        return fixed, features
+
+    @staticmethod
+    def _step_seconds(data: LoggedRounds, features: FloatArray, cost: StepCostModel) -> FloatArray:
+        """(steps, classes) weighted seconds under ``cost``; an equal split where it predicts 0."""
+        theta = cost.coefficients[data.step_bucket]  # (S, p)
+        den = np.einsum("sp,sp->s", data.step_features, theta)
+        num = np.einsum("scp,sp->sc", features, theta)
+        bad = den <= 0.0
+        if bad.any():
+            num[bad] = features[bad, :, 1]  # the rows feature: split by rows
+            den[bad] = data.step_rows[bad]
+        return data.step_time_s[:, None] * num / den[:, None]
+
+    @staticmethod
+    def _ratio(c: FloatArray | None, fixed: FloatArray, seconds: FloatArray) -> FloatArray:
+        if c is None:
+            tok, den, sec = fixed[:, :, 0].sum(0), fixed[:, :, 1].sum(0), seconds.sum(0)
+        else:
+            tok, den, sec = c @ fixed[:, :, 0], c @ fixed[:, :, 1], c @ seconds
+        tok = np.r_[tok.sum(), tok]
+        den = np.r_[den.sum(), den]
+        sec = np.r_[sec.sum(), sec]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.column_stack([tok / den, sec / den])
+
+    def estimate_policy_value(
+        self, data: LoggedRounds, action_dist: FloatArray
+    ) -> dict[str, PolicyValue]:
+        _check_action_dist(data, action_dist)
+        fixed, features = self._step_sums(data, action_dist)
+        return _values_of(
+            self._ratio(None, fixed, self._step_seconds(data, features, data.cost)), data
+        )
+
+    def estimate_interval(
+        self,
+        data: LoggedRounds,
+        action_dist: FloatArray,
+        *,
+        alpha: float = 0.05,
+        n_bootstrap_samples: int = 200,
+        random_state: int | None = None,
+        bootstrap: Bootstrap | None = None,
+    ) -> dict[str, IntervalEstimate]:
+        _check_action_dist(data, action_dist)
+        bootstrap = bootstrap or Bootstrap(data, n_bootstrap_samples, random_state)
+        fixed, features = self._step_sums(data, action_dist)
+        point = self._ratio(None, fixed, self._step_seconds(data, features, data.cost))
+        reps = np.stack(
+            [
+                self._ratio(r.step_weights, fixed, self._step_seconds(data, features, r.cost))
+                for r in bootstrap
+            ]
+        )
+        ess = _ess(data, importance_weights(data, action_dist))
+        return _intervals(data, point, reps, alpha, ess)
+
+
+@dataclass(frozen=True)
+class InverseProbabilityWeighting(_WeightedRatioEstimator):
     """IPS: sum_u w_u R_u / rounds. Unbiased where the log gives every arm the
     candidate plays a positive propensity; variance grows with the weights."""
 
     estimator_name: str = field(init=False, default="ipw")
 
-    def _terms(
-        self,
-        data: LoggedRounds,
-        action_dist: FloatArray,
-        resample: Resample,
-        groups: _TruncationGroups | None = None,
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
-        w = importance_weights(data, action_dist)
-        return w * data.unit_tokens, w * resample.unit_seconds(data), data.unit_rows
-
 
 @dataclass(frozen=True)
-class SelfNormalizedInverseProbabilityWeighting(_RatioEstimator):
+class SelfNormalizedInverseProbabilityWeighting(_WeightedRatioEstimator):
     """SNIPS: sum_u w_u R_u / sum_u w_u n_u. Slightly biased, much lower variance
     than IPS when weights are large. Goodput, a ratio of two IPS estimates with
     the same denominator, is the same under IPS and SNIPS."""
 
     estimator_name: str = field(init=False, default="snipw")
-
-    def _terms(
-        self,
-        data: LoggedRounds,
-        action_dist: FloatArray,
-        resample: Resample,
-        groups: _TruncationGroups | None = None,
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
-        w = importance_weights(data, action_dist)
-        return w * data.unit_tokens, w * resample.unit_seconds(data), w * data.unit_rows
+    self_normalized = True
 
 
 @dataclass(frozen=True)
