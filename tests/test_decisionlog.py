@@ -87,6 +87,11 @@ def test_rotation_by_size_merges_segments_and_readers_skip_covered_ones(tmp_path
         write_atomically(pa.Table.from_batches([part]), seg)
     again = read_decision_log([tmp_path])
     assert again.table.equals(log.table)
+    # and the next writer finishes that merge's clean-up
+    with DecisionLogWriter(DecisionLogConfig(tmp_path)):
+        pass
+    assert not (tmp_path / f"decisions-{lo:010d}-{lo:010d}.parquet").exists()
+    assert read_decision_log([tmp_path]).table.equals(log.table)
 
 
 def test_a_second_writer_on_the_same_directory_is_refused(tmp_path: Path) -> None:

@@ -130,15 +130,18 @@ class DecisionLogWriter:
             raise RuntimeError(
                 f"decision log directory {directory} is in use by another writer"
             ) from None
-        last = 0
+        ranges: list[tuple[int, int, Path]] = []
         for entry in directory.iterdir():
             if entry.name.endswith(".tmp"):
                 entry.unlink()  # a flush that a crash interrupted: never renamed, never read
                 continue
             m = FILE_RE.match(entry.name)
             if m:
-                last = max(last, int(m.group("last")))
-        self._next_number = last + 1
+                ranges.append((int(m.group("first")), int(m.group("last")), entry))
+        for first, last, entry in ranges:
+            if any(f <= first and last <= la and (f, la) != (first, last) for f, la, _ in ranges):
+                entry.unlink()  # a segment a merge already holds: the crash came before its delete
+        self._next_number = max((la for _, la, _ in ranges), default=0) + 1
         self._buffer: list[StepBatch] = []  # converted to a table at flush, off the caller
         self._buffered_rows = 0
         self._pending: list[_Segment] = []
