@@ -125,5 +125,11 @@ def test_policy_and_evidence_commands(sidecar, capsys: pytest.CaptureFixture[str
     evidence = json.loads(capsys.readouterr().out)
     assert [c["workload_class"] for c in evidence["classes"]] == ["default"] * 4
 
+    assert main(["evidence", "--address", sidecar.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "policy static version 1"
+    # the static policy gives no goodput estimates: shown as "-"
+    assert lines[2].split()[:8] == ["default", "0", "off", "1.000", "-", "-", "-", "-"]
+
     assert main(["evidence", "--address", sidecar.address, "--class", "nope"]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err

@@ -45,10 +45,17 @@ def run(args: argparse.Namespace) -> int:
                     str(c.load_bucket),
                     a.arm,
                     f"{a.probability:.3f}",
-                    f"{a.goodput:.1f}",
-                    f"{a.goodput_low:.1f}",
-                    f"{a.goodput_high:.1f}",
-                    f"{a.prob_best:.3f}",
+                    # "-": the policy gives no estimate for this arm (e.g. static)
+                    *(
+                        (
+                            f"{a.goodput:.1f}",
+                            f"{a.goodput_low:.1f}",
+                            f"{a.goodput_high:.1f}",
+                            f"{a.prob_best:.3f}",
+                        )
+                        if a.goodput_high > 0.0
+                        else ("-", "-", "-", "-")
+                    ),
                     why,
                 ]
             )
