@@ -321,7 +321,7 @@ class PolicyBook:
         arm_names = [a.name for a in arms]
         for key in np.flatnonzero(counts).tolist():
             c, a = divmod(key, n_arms)
-            m.child(m.arm_rounds, classes[c], arm_names[a]).inc(int(counts[key]))
+            m.arm_rounds.add((classes[c], arm_names[a]), int(counts[key]))
         # speculative rows by (class, drafter)
         drafters = sorted({a.drafter for a in arms if not a.is_off})
         if not drafters:
@@ -345,13 +345,11 @@ class PolicyBook:
         for g in np.flatnonzero(at_least[:, 0]).tolist():
             c, d = divmod(g, n_dr)
             labels = (classes[c], drafters[d])
-            m.child(m.request_rounds, *labels).inc(int(at_least[g, 0]))
-            m.child(m.draft_tokens, *labels).inc(float(drafted_sum[g]))
-            m.child(m.accepted_tokens, *labels).inc(int(accepted_sum[g]))
+            m.request_rounds.add(labels, int(at_least[g, 0]))
+            m.draft_tokens.add(labels, float(drafted_sum[g]))
+            m.accepted_tokens.add(labels, int(accepted_sum[g]))
             for pos in range(1, max_k[drafters[d]] + 1):
-                m.child(m.accepted_tokens_per_position, *labels, str(pos)).inc(
-                    int(at_least[g, pos])
-                )
+                m.accepted_tokens_per_position.add((*labels, str(pos)), int(at_least[g, pos]))
         # probes: speculative rounds in contexts whose most likely arm is off
         if self._off_contexts:
             nb = self.num_load_buckets
@@ -359,7 +357,7 @@ class PolicyBook:
             for key in np.flatnonzero(probe).tolist():
                 c, b = divmod(key, nb)
                 if (classes[c], b) in self._off_contexts:
-                    m.child(m.probe_rounds, classes[c]).inc(int(probe[key]))
+                    m.probe_rounds.add((classes[c],), int(probe[key]))
 
     def _refresh_evidence_gauges(self, *, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -8,9 +8,11 @@ rules and dashboards: change them only together. Class labels are bounded by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from controller import __version__
 
@@ -30,6 +32,36 @@ LATENCY_BUCKETS = (
     0.1,
     1.0,
 )
+
+
+class ReportCounter:
+    """A labelled counter the report path adds to without prometheus_client's per-call cost.
+
+    Values live in a dict keyed by label values and are exported at scrape
+    time. Only the event loop adds; a scrape copies the items (atomic under the
+    GIL), so a scrape never sees a torn value.
+    """
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def add(self, labels: tuple[str, ...], amount: float) -> None:
+        self.values[labels] = self.values.get(labels, 0.0) + amount
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, value in list(self.values.items()):
+            family.add_metric(labels, value)
+        return [family]
 
 
 class SidecarMetrics:
@@ -54,25 +86,25 @@ class SidecarMetrics:
             registry=r,
         )
         cd = ["workload_class", "drafter"]
-        self.request_rounds = Counter(
+        self.request_rounds = ReportCounter(
             "specctl_request_rounds",
             "Speculative request-rounds (one request in one step with a drafter).",
             cd,
             registry=r,
         )
-        self.draft_tokens = Counter(
+        self.draft_tokens = ReportCounter(
             "specctl_draft_tokens", "Draft tokens verified by the target.", cd, registry=r
         )
-        self.accepted_tokens = Counter(
+        self.accepted_tokens = ReportCounter(
             "specctl_accepted_tokens", "Draft tokens accepted by the target.", cd, registry=r
         )
-        self.accepted_tokens_per_position = Counter(
+        self.accepted_tokens_per_position = ReportCounter(
             "specctl_accepted_tokens_per_position",
             "Request-rounds that accepted at least `position` draft tokens.",
             [*cd, "position"],
             registry=r,
         )
-        self.arm_rounds = Counter(
+        self.arm_rounds = ReportCounter(
             "specctl_arm_rounds",
             "Request-rounds by the arm the engine applied (off included).",
             ["workload_class", "arm"],
@@ -109,7 +141,7 @@ class SidecarMetrics:
             ["workload_class"],
             registry=r,
         )
-        self.probe_rounds = Counter(
+        self.probe_rounds = ReportCounter(
             "specctl_probe_rounds",
             "Speculative request-rounds applied while the context's most likely arm is off.",
             ["workload_class"],
