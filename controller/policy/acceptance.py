@@ -18,10 +18,13 @@ multiplied by ``discount ** n``, n being the number of steps in the report
 that carried the class, so old evidence loses half its weight every
 ``ln 2 / -ln(discount)`` of the class's steps (69 steps at 0.99). The counts
 of a (class, drafter) are also capped at ``max_rounds`` request-rounds at
-position 1 (scaled down proportionally): rounds in one step, and successive
-rounds of one request, are correlated, and the cap stops a busy class from
-becoming so certain that it stops exploring. The cap only ever speeds up
-forgetting.
+position 1, all positions scaled down together: rounds in one step, and
+successive rounds of one request, are correlated, and the cap stops a busy
+class from becoming so certain that it stops exploring. It also makes a busy
+class forget in proportion to its traffic, and deep positions as fast as
+position 1: discounting alone leaves a deep position's old rate in place
+until new rounds reach it, which after a drop in acceptance few do. The cap
+only ever speeds up forgetting.
 """
 
 from __future__ import annotations

@@ -1,33 +1,73 @@
 """Step time as a function of what the step did, learned per load bucket.
 
-Per load bucket, a Bayesian linear model with non-negative coefficients:
+Per load bucket, a Bayesian linear model:
 
-    step_time_s ~ base + per_token * tokens_verified + sum_d per_pass[d] * depth_d
+    step_time_s ~ base + per_token * tokens_verified
+                + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d)
 
 ``tokens_verified`` is the step's ``num_scheduled_tokens`` (prefill, decode
-and drafts) and ``depth_d`` is the deepest K that drafter d ran for any
-request in the step (its number of sequential draft passes). Running arm
-``(d, K)`` for a batch of B decoding requests verifies ``B * (1 + K)`` tokens
-and drafts K deep, so with non-negative coefficients the predicted step time
-never decreases with K. Under heavy load, where per_token * B dominates, long
-drafts cost more than they return, and the policy sees that from measured
-step times rather than from a hand-written table.
+and drafts); for each drafter d, ``requests_d`` is how many requests drafted
+with it and ``draft_tokens_d`` the K they asked of it, summed. So the model
+tells a fixed per-request cost of running a drafter at all (a draft model's
+extra pass, a verification that costs more than a decode step) from the cost
+of each draft token. Running arm ``(d, K)`` for a batch of B decoding
+requests verifies ``B * (1 + K)`` tokens and drafts ``B * K``. Within a load
+bucket the batch size varies little, so a drafter's sequential passes (K of
+them) are absorbed in its per-draft-token cost. Under heavy load, where
+per-token costs times B dominate, long drafts cost more than they return,
+and the policy sees that from measured step times rather than from a
+hand-written table.
 
-The prior is a configurable coefficient vector worth ``prior_steps``
-observations at the bucket's typical step (ridge toward it); the noise
-variance is estimated from the residuals. Sufficient statistics decay like
-the acceptance counts (``discount`` per step in the bucket), so the fit
-follows a model or hardware change. Coefficient draws are projected onto the
-non-negative orthant, which keeps every draw monotone in K.
+The prior is independent per coefficient: mean from configuration (0 for a
+drafter's per-request cost, ``prior_token_s`` per draft token), standard
+deviation such that the term could move a typical step of the bucket by
+``prior_spread`` times the prior step time. It does not shrink as the fit
+gets tight, so a direction the data cannot see (a drafter's per-request cost
+while every step ran it) stays uncertain, and Thompson sampling tries ``off``
+to find out. The noise variance is estimated from the residuals (at the
+previous fit). Sufficient statistics decay like the acceptance counts
+(``discount`` per step in the bucket).
+
+Monotone in K: the policy takes, per posterior draw, the running maximum of
+the predicted step time over K = 0 (off), 1, 2, ... of each drafter.
+Clipping each coefficient at zero instead breaks the cancellations between
+correlated coefficients (per token and per draft token move together) and
+inflates the cost of long drafts; it did worse in the simulator.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+# weight, in steps, of the prior on the noise variance (10% of the prior step time)
+_NOISE_PRIOR_STEPS = 2.0
+
+
+def num_features(num_drafters: int) -> int:
+    """1, tokens verified, then per drafter: requests drafting, draft tokens."""
+    return 2 + 2 * num_drafters
+
+
+def arm_features(
+    batch_size: float,
+    extra_tokens: float,
+    drafter_slot: np.ndarray,
+    k: np.ndarray,
+    num_drafters: int,
+) -> np.ndarray:
+    """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off)."""
+    x = np.zeros((k.shape[0], num_features(num_drafters)))
+    x[:, 0] = 1.0
+    x[:, 1] = extra_tokens + batch_size * (1.0 + k)
+    spec = np.flatnonzero(drafter_slot >= 0)
+    base = 2 + 2 * drafter_slot[spec]
+    x[spec, base] = batch_size
+    x[spec, base + 1] = batch_size * k[spec]
+    return x
+
 
 class CostModel:
-    """Discounted least-squares statistics per load bucket, with a ridge prior."""
+    """Discounted least-squares statistics per load bucket, with an independent prior."""
 
     def __init__(
         self,
@@ -37,33 +77,42 @@ class CostModel:
         discount: float,
         prior_step_s: float,
         prior_token_s: float,
-        prior_draft_pass_s: float,
-        prior_steps: float,
+        prior_spread: float,
     ) -> None:
         self.discount = discount
-        self.num_features = 2 + num_drafters
-        f = self.num_features
-        self.prior_mean = np.array(
-            [prior_step_s, prior_token_s] + [prior_draft_pass_s] * num_drafters
-        )
-        self.prior_steps = prior_steps
+        self.num_drafters = num_drafters
+        self.num_features = f = num_features(num_drafters)
+        self.prior_mean = np.zeros(f)
+        self.prior_mean[0] = prior_step_s
+        self.prior_mean[1] = prior_token_s
+        self.prior_mean[3::2] = prior_token_s
+        self.prior_step_s = prior_step_s
+        self.prior_spread = prior_spread
         self.xtx = np.zeros((num_buckets, f, f))
         self.xty = np.zeros((num_buckets, f))
         self.yy = np.zeros(num_buckets)
         self.steps = np.zeros(num_buckets)
+        sigma0 = 0.1 * prior_step_s
+        self.noise_var = np.full(num_buckets, sigma0 * sigma0)
 
-    def update(
-        self, bucket: np.ndarray, tokens: np.ndarray, depth: np.ndarray, step_time_s: np.ndarray
-    ) -> None:
-        """One row per step: bucket, tokens verified, depth per drafter slot, step time."""
+    def step_features(
+        self, tokens: np.ndarray, requests: np.ndarray, draft_tokens: np.ndarray
+    ) -> np.ndarray:
+        """(S, F) from per-step tokens verified and per (step, drafter slot) columns."""
+        x = np.empty((tokens.shape[0], self.num_features))
+        x[:, 0] = 1.0
+        x[:, 1] = tokens
+        x[:, 2::2] = requests
+        x[:, 3::2] = draft_tokens
+        return x
+
+    def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:
+        """One row of ``x`` (see :meth:`step_features`) and one step time per step."""
+        d = self.discount
         if bucket.shape[0] == 1:  # the common one-step report, without ufunc.at
             b = int(bucket[0])
-            d = self.discount
             y = float(step_time_s[0])
-            x1 = np.empty(self.num_features)
-            x1[0] = 1.0
-            x1[1] = tokens[0]
-            x1[2:] = depth[0]
+            x1 = x[0]
             self.xtx[b] *= d
             self.xtx[b] += np.outer(x1, x1)
             self.xty[b] *= d
@@ -73,11 +122,7 @@ class CostModel:
             return
         nb = self.steps.shape[0]
         n = np.bincount(bucket, minlength=nb).astype(np.float64)
-        decay = self.discount**n
-        x = np.empty((bucket.shape[0], self.num_features))
-        x[:, 0] = 1.0
-        x[:, 1] = tokens
-        x[:, 2:] = depth
+        decay = d**n
         self.xtx *= decay[:, None, None]
         self.xty *= decay[:, None]
         self.yy *= decay
@@ -87,33 +132,31 @@ class CostModel:
         self.yy += np.bincount(bucket, weights=step_time_s * step_time_s, minlength=nb)
 
     def posterior(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and a Cholesky factor of the covariance (draws still need clipping).
+        """Posterior mean and a factor ``C`` of its covariance: a draw is ``mean + C @ z``.
 
-        ``typical_x`` is a typical step's feature vector in this bucket: the
-        prior counts as ``prior_steps`` observations there, coefficient by
-        coefficient.
+        ``typical_x`` is a typical step's features in this bucket; it sets each
+        coefficient's prior scale.
         """
-        scale = np.maximum(np.abs(typical_x), 1.0)
-        p0 = self.prior_steps * scale * scale
-        precision = self.xtx[bucket] + np.diag(p0)
-        rhs = self.xty[bucket] + p0 * self.prior_mean
-        # precision = L L^T, so the covariance sigma2 * precision^-1 has the factor
-        # sigma * L^-T: a draw is mean + sigma * z @ L^-1
+        scale = self.prior_spread * self.prior_step_s / np.maximum(np.abs(typical_x), 1.0)
+        prior_precision = 1.0 / (scale * scale)
+        sigma2 = float(self.noise_var[bucket])
+        xtx, xty = self.xtx[bucket], self.xty[bucket]
+        precision = xtx / sigma2
+        precision[np.diag_indices_from(precision)] += prior_precision
+        # precision = L L^T: the covariance is L^-T L^-1, and a draw mean + L^-T z
         l_inv = np.linalg.inv(np.linalg.cholesky(precision))
-        mean = l_inv.T @ (l_inv @ rhs)
-        # noise variance: residuals of the fit, with a prior of 10% of the prior step time
-        xtx = self.xtx[bucket]
-        rss = self.yy[bucket] - 2.0 * mean @ self.xty[bucket] + mean @ xtx @ mean
-        sigma0 = 0.1 * float(self.prior_mean @ typical_x)
-        n = self.steps[bucket]
-        sigma2 = (max(float(rss), 0.0) + self.prior_steps * sigma0 * sigma0) / (
-            n + self.prior_steps
+        mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
+        # the noise variance for the next fit: residuals at this one, with a weak prior
+        rss = max(float(self.yy[bucket] - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
+        sigma0 = 0.1 * self.prior_step_s
+        self.noise_var[bucket] = (rss + _NOISE_PRIOR_STEPS * sigma0 * sigma0) / (
+            self.steps[bucket] + _NOISE_PRIOR_STEPS
         )
-        chol = np.sqrt(sigma2) * l_inv.T
-        return mean, chol
+        return mean, l_inv.T
 
     def reset(self) -> None:
         self.xtx[:] = 0.0
         self.xty[:] = 0.0
         self.yy[:] = 0.0
         self.steps[:] = 0.0
+        self.noise_var[:] = (0.1 * self.prior_step_s) ** 2

@@ -29,7 +29,7 @@ probability matching, with the sampling done by the engines. Why this rule:
 The posterior probabilities are computed by Monte Carlo with ``num_samples``
 draws per context. Each position's Beta posterior is drawn through its
 logit-normal (delta-method) approximation, and the cost coefficients from
-their Gaussian posterior projected onto non-negative values. The standard
+their Gaussian posterior, with each draw's step time made monotone in K. The standard
 normal draws are fixed at construction from ``seed`` (common random numbers):
 decisions are deterministic given the reports, and a distribution moves only
 when the evidence does, not with sampling noise, so the sidecar pushes
@@ -37,12 +37,15 @@ when the evidence does, not with sampling noise, so the sidecar pushes
 
 Decay bound. Evidence is discounted by ``discount`` per step that carried
 the class (acceptance) or the bucket (cost). After n such steps old evidence
-keeps ``discount ** n`` of its weight, so after a step change every estimate
-is within that fraction of the old-to-new gap (plus the prior's pull): with
-the default 0.99, half the gap after 69 steps and 10% after
+keeps at most ``discount ** n`` of its weight (less when the class is busy
+enough for the ``max_rounds`` cap to bind), so after a step change every
+estimate is within that fraction of the old-to-new gap (plus the prior's
+pull): with the default 0.99, half the gap after 69 steps and 10% after
 ``ceil(ln 10 / -ln 0.99) = 230`` steps. The documented bound for the choice to
-follow a step change in acceptance is therefore 230 of the class's steps; the
-tests show it.
+follow a step change in acceptance is therefore 230 of the class's steps
+(:func:`tracking_bound_steps`); the tests show the choice following a drop
+from 0.9 to 0.3 acceptance well within it (about 60 steps of 24 requests,
+where the cap binds).
 
 Switch-off. When ``P(off is best) >= switch_off_confidence`` the context
 switches off: it runs ``off`` except for ``probe_budget`` of its
@@ -71,7 +74,7 @@ import numpy as np
 from controller.arms import MAX_K, OFF, Arm, ArmError, parse_arm
 from controller.policy.acceptance import AcceptanceModel
 from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
-from controller.policy.cost import CostModel
+from controller.policy.cost import CostModel, arm_features
 from controller.policy.load import BucketLoad
 from controller.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
@@ -82,7 +85,8 @@ from controller.policy.params import (
 )
 from controller.steps import StepBatch
 
-_MIN_STEP_TIME_S = 1e-9
+_MIN_STEP_TIME_S = 1e-6
+_MAX_SPEEDUP_OF_DRAW = 2.0
 
 
 @dataclass(frozen=True)
@@ -98,16 +102,15 @@ class SpecctlConfig:
     cold_start_rounds: float = 200.0
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
-    max_rounds: float = 2000.0
+    max_rounds: float = 500.0
     prior_step_s: float = 0.02
     prior_token_s: float = 2e-5
-    prior_draft_pass_s: float = 5e-4
-    prior_cost_steps: float = 4.0
+    prior_cost_spread: float = 1.0
     num_samples: int = 256
     seed: int = 0
     load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
     max_classes: int = 256
-    max_drafters: int = 8
+    max_drafters: int = 4
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -128,9 +131,8 @@ class SpecctlConfig:
             "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
             "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
             "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
-            "prior_draft_pass_s": real("prior_draft_pass_s", self.prior_draft_pass_s, 0.0, 60.0),
-            "prior_cost_steps": real(
-                "prior_cost_steps", self.prior_cost_steps, 0.0, 1e6, lo_open=True
+            "prior_cost_spread": real(
+                "prior_cost_spread", self.prior_cost_spread, 0.0, 1e6, lo_open=True
             ),
             "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
             "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
@@ -191,8 +193,7 @@ class SpecctlPolicy(Policy):
             discount=cfg.discount,
             prior_step_s=cfg.prior_step_s,
             prior_token_s=cfg.prior_token_s,
-            prior_draft_pass_s=cfg.prior_draft_pass_s,
-            prior_steps=cfg.prior_cost_steps,
+            prior_spread=cfg.prior_cost_spread,
         )
         self.load = BucketLoad(self.load_bucket_bounds, cfg.discount)
         # classes -> slots in the acceptance arrays; least recently updated is evicted
@@ -233,8 +234,10 @@ class SpecctlPolicy(Policy):
                     f"specctl policy: drafter {arm.drafter!r} exceeds max_drafters="
                     f"{self.config.max_drafters} (known: {sorted(self._drafter_slot)})"
                 )
+        # off first, then each drafter's arms by K: the cost envelope below relies on it
+        spec = sorted(offered[1:], key=lambda a: (self._drafter_slot[a.drafter], a.k))
+        offered = [OFF, *spec]
         self._arms = tuple(offered)
-        spec = [a for a in offered if not a.is_off]
         slots = sorted({self._drafter_slot[a.drafter] for a in spec})
         self._drafters = np.array(slots, dtype=np.int64)
         position = {s: i for i, s in enumerate(slots)}
@@ -255,6 +258,11 @@ class SpecctlPolicy(Policy):
         for i, arm in enumerate(spec):
             start = position[self._drafter_slot[arm.drafter]] * km
             self._arm_positions[start : start + arm.k, i] = 1.0
+        # per drafter, off's column then the drafter's columns by K
+        self._k_chains = [
+            np.array([0, *(i for i, a in enumerate(offered) if a.drafter == d)], dtype=np.int64)
+            for d in dict.fromkeys(a.drafter for a in spec)
+        ]
         self._prior_index = self._prior_arm_index()
         self._arms_version = self._next_tick()
 
@@ -319,7 +327,9 @@ class SpecctlPolicy(Policy):
 
     def update_params(self, batch: StepBatch) -> None:
         s = batch.num_steps
-        depth: np.ndarray = np.zeros((s, self.config.max_drafters))
+        nd = self.config.max_drafters
+        requests: np.ndarray = np.zeros((s, nd))
+        draft_tokens: np.ndarray = np.zeros((s, nd))
         decode_tokens: np.ndarray = np.zeros(s)
         tick = self._next_tick()
         if batch.num_rows:
@@ -347,27 +357,20 @@ class SpecctlPolicy(Policy):
             decode_tokens = np.bincount(
                 batch.request_step, weights=batch.drafted + 1.0, minlength=s
             )
-            # deepest K per (step, drafter slot): which arms ran in which step, times
-            # each arm's K placed in its drafter's column
-            arm_depth = np.zeros((len(batch.arms), self.config.max_drafters))
-            untracked = []
-            for i, arm in enumerate(batch.arms):
-                slot = int(drafter_slots[arm_drafter[i]])
-                if slot >= 0:
-                    arm_depth[i, slot] = arm.k
-                elif not arm.is_off:
-                    untracked.append(i)
-            if untracked:
-                self.rows_untracked += int(np.isin(batch.arm_index, untracked).sum())
-            if s == 1:
-                ran = np.bincount(batch.arm_index, minlength=len(batch.arms)) > 0
-                depth = arm_depth[ran].max(axis=0, keepdims=True)
-            else:
-                ran_in_step = np.zeros((s, len(batch.arms), 1))
-                ran_in_step[batch.request_step, batch.arm_index] = 1.0
-                depth = (ran_in_step * arm_depth).max(axis=1)
+            # per (step, drafter slot): requests drafting, and the K they asked of it
+            row_slot = drafter_slots[drafter_index]
+            spec = row_slot >= 0
+            key = batch.request_step[spec] * nd + row_slot[spec]
+            requests = np.bincount(key, minlength=s * nd).reshape(s, nd)
+            draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
+                s, nd
+            )
+            untracked = (row_slot < 0) & (batch.arm_k > 0)
+            if untracked.any():
+                self.rows_untracked += int(untracked.sum())
         bucket = self.load.update(batch, decode_tokens)
-        self.cost.update(bucket, batch.num_scheduled_tokens, depth, batch.step_time_s)
+        features = self.cost.step_features(batch.num_scheduled_tokens, requests, draft_tokens)
+        self.cost.update(bucket, features, batch.step_time_s)
         self._bucket_version[bucket] = tick
 
     def reset_class(self, workload_class: str) -> None:
@@ -465,9 +468,18 @@ class SpecctlPolicy(Policy):
         theta_mean, chol = self._cost_posterior_of(bucket, batch_size)
         theta = self._z_cost @ chol.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
-        np.maximum(theta, 0.0, out=theta)
         step_time = theta @ features.T.astype(np.float32)
-        np.maximum(step_time, _MIN_STEP_TIME_S, out=step_time)
+        # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
+        # posterior mean: the Gaussian posterior knows nothing of step times being positive,
+        # and along directions the data cannot see (a drafter's per-request cost while off
+        # never ran) it would otherwise promise near-zero step times
+        floor = (features @ theta_mean).astype(np.float32) / _MAX_SPEEDUP_OF_DRAW
+        np.maximum(step_time, np.maximum(floor, _MIN_STEP_TIME_S), out=step_time)
+        # each draw's step time never decreases with K (off counting as K=0): a monotone
+        # envelope rather than clipped coefficients, which would break the cancellations
+        # between correlated coefficients and inflate long drafts' cost
+        for chain in self._k_chains:
+            step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
         goodput = tokens / step_time
         goodput *= batch_size
         return _Samples(goodput, tokens, step_time)
@@ -499,21 +511,27 @@ class SpecctlPolicy(Policy):
 
     def _arm_features(self, bucket: int, batch_size: float) -> np.ndarray:
         """Cost features of a step in which the whole batch ran each offered arm."""
-        x = np.zeros((len(self._arms), self.cost.num_features))
-        x[:, 0] = 1.0
-        x[:, 1] = self.load.extra_tokens(bucket) + batch_size * (1.0 + self._arm_k)
-        spec = np.arange(1, len(self._arms))
-        x[spec, 2 + self._arm_drafter_slot[1:]] = self._arm_k[1:]
-        return x
+        return arm_features(
+            batch_size,
+            self.load.extra_tokens(bucket),
+            self._arm_drafter_slot,
+            self._arm_k.astype(np.float64),
+            self.config.max_drafters,
+        )
 
     def _cost_posterior_of(self, bucket: int, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
         version = int(self._bucket_version[bucket])
         cached = self._cost_posterior.get(bucket)
         if cached is not None and cached[0] == version:
             return cached[1], cached[2]
-        typical = np.full(self.cost.num_features, 2.0)
-        typical[0] = 1.0
-        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
+        # a step running K=2 for the whole batch
+        typical = arm_features(
+            batch_size,
+            self.load.extra_tokens(bucket),
+            np.arange(self.config.max_drafters),
+            np.full(self.config.max_drafters, 2.0),
+            self.config.max_drafters,
+        ).max(axis=0)
         mean, chol = self.cost.posterior(bucket, typical)
         self._cost_posterior[bucket] = (version, mean, chol)
         return mean, chol
@@ -581,6 +599,7 @@ class SpecctlPolicy(Policy):
             "cost_xty": self.cost.xty.copy(),
             "cost_yy": self.cost.yy.copy(),
             "cost_steps": self.cost.steps.copy(),
+            "cost_noise_var": self.cost.noise_var.copy(),
             "load_steps": self.load.steps.copy(),
             "load_batch_sum": self.load.batch_sum.copy(),
             "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
@@ -607,6 +626,7 @@ class SpecctlPolicy(Policy):
             "cost_xty": self.cost.xty,
             "cost_yy": self.cost.yy,
             "cost_steps": self.cost.steps,
+            "cost_noise_var": self.cost.noise_var,
             "load_steps": self.load.steps,
             "load_batch_sum": self.load.batch_sum,
             "load_extra_tokens_sum": self.load.extra_tokens_sum,
