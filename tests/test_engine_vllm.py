@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -20,12 +21,14 @@ from typing import Any
 import pytest
 from engine_support import NGRAM, SCHEDULER_CLS, VLLM_ENV, SidecarProcess
 
+from controller.steps import load_bucket_of
+
 pytestmark = pytest.mark.vllm
 
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=3", "ngram/k=4"]
-# The chosen arm's goodput must be within this fraction of the best arm's in the static
-# sweep: the sweep itself is measured on a shared 2-core machine and moves by ~10%.
-GOODPUT_TOLERANCE = 0.25
+# Arms whose static goodput is within this fraction of the best arm's count as best: the
+# sweep runs on a shared 2-core machine where single batches vary by up to 2x under load.
+TOLERANCE = 0.35
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 
@@ -146,25 +149,25 @@ def test_greedy_text_is_identical_with_and_without_speculation(
         assert with_policy[i] == ref, f"prompt {i}: specctl's policy changed the greedy output"
 
 
-def _class_evidence(sidecar: SidecarProcess, workload_class: str) -> tuple[str, float, float]:
-    """(most probable arm, its probability, rounds) in the class's busiest load bucket."""
-    best: tuple[str, float, float] = ("", 0.0, -1.0)
+def _distribution(
+    sidecar: SidecarProcess, workload_class: str, batch_size: int
+) -> dict[str, float]:
+    """The class's distribution over arms in the load bucket of ``batch_size``."""
+    bucket = load_bucket_of(batch_size, sidecar.policy_now().load_bucket_bounds)
     for ce in sidecar.evidence().classes:
-        if ce.workload_class != workload_class or ce.rounds <= best[2]:
-            continue
-        top = max(ce.arms, key=lambda a: a.probability)
-        best = (top.arm, top.probability, ce.rounds)
-    return best
+        if ce.workload_class == workload_class and ce.load_bucket == bucket:
+            return {a.arm: a.probability for a in ce.arms}
+    return {}
 
 
 def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarProcess) -> None:
-    # Static sweep: every arm pinned for each class in turn (twice, interleaved, to average
-    # out the machine's noise); goodput = output tokens / wall time of the batch.
-    n, max_tokens = 32, 128
-    tokens_by: dict[tuple[str, str], int] = {}
-    wall_by: dict[tuple[str, str], float] = {}
+    # Static sweep: every arm pinned for each class in turn, three times interleaved; goodput
+    # = output tokens / wall time of a batch, the median of the three per arm. Learning batches
+    # have the same size (half of each class), so both land in the same load bucket.
+    n, max_tokens, repetitions = 32, 128, 3
+    samples: dict[tuple[str, str], list[float]] = {}
     counts: dict[str, tuple[int, int]] = {}
-    for repetition in range(2):
+    for repetition in range(repetitions):
         for arm in ARMS:
             _pin(sidecar, arm)
             for c in ("greedy", "hot"):
@@ -172,51 +175,50 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
                 prompts = _prompts(n, 100 + repetition * n)
                 tokens, wall = _generate(llm, prompts, _params(c, n, max_tokens, 1000))
                 d1, a1 = _spec_counters(llm)
-                tokens_by[(c, arm)] = tokens_by.get((c, arm), 0) + sum(map(len, tokens))
-                wall_by[(c, arm)] = wall_by.get((c, arm), 0.0) + wall
+                samples.setdefault((c, arm), []).append(sum(map(len, tokens)) / wall)
                 if arm == "ngram/k=4":
                     d, a = counts.get(c, (0, 0))
                     counts[c] = (d + d1 - d0, a + a1 - a0)
     goodput = {
-        c: {arm: tokens_by[(c, arm)] / wall_by[(c, arm)] for arm in ARMS} for c in ("greedy", "hot")
+        c: {arm: statistics.median(samples[(c, arm)]) for arm in ARMS} for c in ("greedy", "hot")
     }
     print("static sweep, output tokens/s:", json.dumps(goodput, indent=1))
     print("ngram/k=4 (drafted, accepted):", counts)
-    best_greedy = max(goodput["greedy"].values())
     # The two classes differ widely in acceptance (vLLM's own counters).
     greedy_rate = counts["greedy"][1] / max(counts["greedy"][0], 1)
     hot_rate = counts["hot"][1] / max(counts["hot"][0], 1)
     assert counts["greedy"][0] > 0 and greedy_rate > 0.15, counts
     assert hot_rate < 0.05 and hot_rate * 4 < greedy_rate, counts
+    best_greedy = max(goodput["greedy"].values())
+    good_greedy = {a for a, g in goodput["greedy"].items() if g >= (1 - TOLERANCE) * best_greedy}
+    good_hot = {"off", "ngram/k=1"}
 
     # Learning: overrides cleared, both classes together, until both settle.
     _pin(sidecar, "")
+    greedy_mass = hot_mass = 0.0
     history = []
-    for round_ in range(14):
-        prompts = _prompts(n, 200 + 2 * n * round_) + _prompts(n, 200 + 2 * n * round_ + n)
-        params = _params("greedy", n, max_tokens) + _params("hot", n, max_tokens, 5000 + round_ * n)
-        _generate(llm, prompts, params)
-        greedy, hot = _class_evidence(sidecar, "greedy"), _class_evidence(sidecar, "hot")
-        history.append((greedy, hot))
-        print(f"round {round_}: greedy {greedy}, hot {hot}")
-        settled = (
-            round_ >= 3
-            and goodput["greedy"].get(greedy[0], 0.0) >= (1 - GOODPUT_TOLERANCE) * best_greedy
-            and greedy[1] >= 0.5
-            and hot[0] in ("off", "ngram/k=1")
-            and hot[1] >= 0.5
+    for round_ in range(20):
+        half, offset = n // 2, 200 + n * round_
+        prompts = _prompts(half, offset) + _prompts(half, offset + half)
+        params = _params("greedy", half, max_tokens) + _params(
+            "hot", half, max_tokens, 5000 + offset
         )
-        if settled:
+        _generate(llm, prompts, params)
+        greedy = _distribution(sidecar, "greedy", n)
+        hot = _distribution(sidecar, "hot", n)
+        greedy_mass = sum(p for a, p in greedy.items() if a in good_greedy)
+        hot_mass = sum(p for a, p in hot.items() if a in good_hot)
+        history.append((round(greedy_mass, 2), round(hot_mass, 2)))
+        print(f"round {round_}: greedy {greedy}, hot {hot}")
+        if round_ >= 3 and greedy_mass >= 0.5 and hot_mass >= 0.5:
             break
-    greedy_arm, greedy_p, _ = history[-1][0]
-    hot_arm, hot_p, _ = history[-1][1]
-    assert goodput["greedy"][greedy_arm] >= (1 - GOODPUT_TOLERANCE) * best_greedy, (
-        f"greedy settled on {greedy_arm} ({goodput['greedy'][greedy_arm]:.0f} tok/s), best "
-        f"static arm gives {best_greedy:.0f} tok/s; history {history}"
+    assert greedy_mass >= 0.5, (
+        f"greedy puts {greedy_mass:.2f} on arms within {TOLERANCE:.0%} of the best static "
+        f"goodput {sorted(good_greedy)}; (greedy, hot) mass per round: {history}"
     )
-    assert greedy_p >= 0.5
-    assert hot_arm in ("off", "ngram/k=1"), f"hot settled on {hot_arm}; history {history}"
-    assert hot_p >= 0.5
+    assert hot_mass >= 0.5, (
+        f"hot puts {hot_mass:.2f} on off or ngram/k=1; (greedy, hot) mass per round: {history}"
+    )
 
 
 def test_sidecar_sigkill_mid_generation_then_restart(llm: Any, sidecar: SidecarProcess) -> None:
