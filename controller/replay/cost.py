@@ -1,9 +1,11 @@
 """A step-time model fitted to logged steps: what a request-round costs under an arm.
 
 Per load bucket ``b``, a step's wall time is modelled as
-``intercept[b] + per_row[b] * rows + sum_d per_draft[b, d] * drafted_d``, where
-``drafted_d`` is the number of draft tokens drafter ``d`` proposed in the step,
-fitted by least squares with non-negative coefficients. It serves twice: to
+``intercept[b] + per_row[b] * rows + sum_d (per_spec_row[b, d] * rows_d +
+per_draft[b, d] * drafted_d)``, where ``rows_d`` is the number of rows that
+speculated with drafter ``d`` (a drafter's fixed cost per round: its own
+forward pass, verification overhead) and ``drafted_d`` the draft tokens it
+proposed in the step, fitted by least squares with non-negative coefficients. It serves twice: to
 split a step's measured time across its rows (a row that drafted more carries
 more of the step), and to predict what a round would cost at a shorter
 proposal length, which the log never ran.
@@ -28,21 +30,20 @@ class StepCostModel:
 
     intercept: FloatArray  # (buckets,)
     per_row: FloatArray  # (buckets,)
+    per_spec_row: FloatArray  # (buckets, drafters)
     per_draft: FloatArray  # (buckets, drafters)
     rank_deficient: bool = False
 
     @property
     def coefficients(self) -> FloatArray:
-        """(buckets, 2 + drafters): intercept, per row, per draft of each drafter."""
-        return np.column_stack([self.intercept, self.per_row, self.per_draft])
+        """(buckets, 2 + 2 * drafters): intercept, per row, per speculating row and per
+        draft token of each drafter; the order of :func:`step_features`."""
+        return np.column_stack([self.intercept, self.per_row, self.per_spec_row, self.per_draft])
 
-    def predict(self, bucket: IntArray, rows: FloatArray, drafted: FloatArray) -> FloatArray:
-        """Step time for steps in ``bucket`` with ``rows`` and ``drafted[:, d]`` per drafter."""
-        return (
-            self.intercept[bucket]
-            + self.per_row[bucket] * rows
-            + np.einsum("sd,sd->s", self.per_draft[bucket], drafted)
-        )
+
+def step_features(rows: FloatArray, spec_rows: FloatArray, drafted: FloatArray) -> FloatArray:
+    """(steps, 2 + 2 * drafters): what the cost model's coefficients multiply."""
+    return np.column_stack([np.ones_like(rows), rows, spec_rows, drafted])
 
 
 def _nonnegative_solve(xtx: FloatArray, xty: FloatArray) -> tuple[FloatArray, bool]:
@@ -81,30 +82,34 @@ class StepCostFitter:
     """
 
     def __init__(
-        self,
-        bucket: IntArray,
-        step_time_s: FloatArray,
-        rows: FloatArray,
-        drafted: FloatArray,
-        num_buckets: int,
+        self, bucket: IntArray, step_time_s: FloatArray, features: FloatArray, num_buckets: int
     ) -> None:
-        x = np.column_stack([np.ones_like(rows), rows, drafted])
+        x = features
         self.p = x.shape[1]
         self.num_buckets = num_buckets
-        self.num_drafters = drafted.shape[1]
+        self.num_drafters = (self.p - 2) // 2
+        # Constant columns besides the intercept (every step the same size) cannot be
+        # told apart from it: they are left out of the fit, their coefficient 0.
+        spread = x.max(axis=0) - x.min(axis=0) if len(x) else np.zeros(self.p)
+        self._fixed = np.flatnonzero((spread == 0) & (np.arange(self.p) > 0))
         # per step: x x^T (flattened), x y and 1, grouped by bucket
         terms = np.column_stack(
             [np.einsum("sp,sq->spq", x, x).reshape(-1, self.p * self.p), x * step_time_s[:, None]]
         )
-        self._terms = np.column_stack([terms, np.ones(len(rows))])
+        self._terms = np.column_stack([terms, np.ones(len(x))])
         self._bucket = bucket
 
     def _solve(self, sums: FloatArray) -> StepCostModel:
         """``sums``: (buckets, p*p + p + 1) weighted sums of the per-step terms."""
         p = self.p
-        xtx = sums[:, : p * p].reshape(-1, p, p)
-        xty = sums[:, p * p : p * p + p]
+        xtx = sums[:, : p * p].reshape(-1, p, p).copy()
+        xty = sums[:, p * p : p * p + p].copy()
         counts = sums[:, -1]
+        for j in self._fixed:  # solve for 0: a unit row, a zero right-hand side
+            xtx[:, j, :] = 0.0
+            xtx[:, :, j] = 0.0
+            xtx[:, j, j] = np.maximum(counts, 1.0)
+            xty[:, j] = 0.0
         pooled, deficient = _nonnegative_solve(xtx.sum(axis=0), xty.sum(axis=0))
         coef = np.tile(pooled, (self.num_buckets, 1))
         for b in range(self.num_buckets):
@@ -113,10 +118,12 @@ class StepCostFitter:
             fit, bucket_deficient = _nonnegative_solve(xtx[b], xty[b])
             if not bucket_deficient:
                 coef[b] = fit
+        nd = self.num_drafters
         return StepCostModel(
             coef[:, 0].copy(),
             coef[:, 1].copy(),
-            coef[:, 2:].reshape(self.num_buckets, self.num_drafters).copy(),
+            coef[:, 2 : 2 + nd].copy(),
+            coef[:, 2 + nd :].copy(),
             deficient,
         )
 
@@ -138,10 +145,9 @@ class StepCostFitter:
 def fit_step_cost(
     bucket: IntArray,
     step_time_s: FloatArray,
-    rows: FloatArray,
-    drafted: FloatArray,
+    features: FloatArray,
     num_buckets: int,
     weights: FloatArray | None = None,
 ) -> StepCostModel:
-    """Fit per bucket; ``drafted`` is (steps, drafters), ``weights`` one per step."""
-    return StepCostFitter(bucket, step_time_s, rows, drafted, num_buckets).fit(weights)
+    """Fit per bucket; ``features`` from :func:`step_features`, ``weights`` one per step."""
+    return StepCostFitter(bucket, step_time_s, features, num_buckets).fit(weights)

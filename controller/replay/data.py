@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from controller.arms import OFF, Arm, parse_arm
 from controller.decisionlog.reader import dictionary_codes
-from controller.replay.cost import StepCostModel, fit_step_cost
+from controller.replay.cost import StepCostModel, fit_step_cost, step_features
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -53,7 +53,8 @@ class LoggedRounds:
     step_end_unix_s: FloatArray
     step_bucket: IntArray
     step_rows: FloatArray
-    step_drafted: FloatArray  # (S, drafters)
+    step_drafted: FloatArray  # (S, drafters): draft tokens per drafter
+    step_spec_rows: FloatArray  # (S, drafters): rows that speculated with each drafter
     step_engine: IntArray
     step_index: IntArray
     step_batch_size: IntArray
@@ -115,37 +116,33 @@ class LoggedRounds:
 
     @functools.cached_property
     def step_features(self) -> FloatArray:
-        """(steps, 2 + drafters): what the cost model multiplies, per step."""
-        return np.column_stack([np.ones(self.num_steps), self.step_rows, self.step_drafted])
+        """(steps, 2 + 2 * drafters): what the step cost model multiplies, per step."""
+        return step_features(self.step_rows, self.step_spec_rows, self.step_drafted)
 
     def unit_cost_features(self) -> FloatArray:
-        """(units, 2 + drafters): each unit's part of its step's features."""
-        out = np.zeros((self.num_units, 2 + len(self.drafters)))
+        """(units, 2 + 2 * drafters): each unit's part of its step's features (an equal
+        share of the intercept)."""
+        nd = len(self.drafters)
+        out = np.zeros((self.num_units, 2 + 2 * nd))
         out[:, 0] = self.unit_rows / self.step_rows[self.unit_step]
         out[:, 1] = self.unit_rows
         spec = np.flatnonzero(self.unit_drafter >= 0)
-        out[spec, 2 + self.unit_drafter[spec]] = self.unit_drafted[spec]
+        out[spec, 2 + self.unit_drafter[spec]] = self.unit_rows[spec]
+        out[spec, 2 + nd + self.unit_drafter[spec]] = self.unit_drafted[spec]
         return out
 
     def attribute_seconds(self, cost: StepCostModel) -> FloatArray:
-        """Seconds per unit: each step's time split in proportion to its rows' cost under ``cost``.
-
-        Equal to summing the rows' shares; computed from unit totals, so the
-        bootstrap can redo it under a refitted model cheaply.
+        """Seconds per unit: each step's time split in proportion to its rows' cost under
+        ``cost`` (equally where the model predicts nothing). Equal to summing the
+        rows' shares; computed from unit totals, so the bootstrap can redo it cheaply.
         """
-        predicted = cost.predict(self.step_bucket, self.step_rows, self.step_drafted)
+        theta = cost.coefficients[self.step_bucket]
+        predicted = np.einsum("sp,sp->s", self.step_features, theta)
         ok = predicted > 0.0
         scale = np.where(ok, self.step_time_s / np.where(ok, predicted, 1.0), 0.0)
         step = self.unit_step
-        b = self.step_bucket[step]
-        rows_in_step = self.step_rows[step]
-        unit_cost = self.unit_rows * (cost.intercept[b] / rows_in_step + cost.per_row[b])
-        if self.drafters:
-            per_draft = cost.per_draft[b, np.maximum(self.unit_drafter, 0)]
-            unit_cost = unit_cost + np.where(
-                self.unit_drafter >= 0, per_draft * self.unit_drafted, 0.0
-            )
-        equal = self.step_time_s[step] * self.unit_rows / rows_in_step
+        unit_cost = np.einsum("up,up->u", self.unit_cost_features(), theta[step])
+        equal = self.step_time_s[step] * self.unit_rows / self.step_rows[step]
         return np.where(ok[step], unit_cost * scale[step], equal)
 
     def context_inverse_rows(self, step_weights: FloatArray | None = None) -> FloatArray:
@@ -216,24 +213,27 @@ def prepare(table: pa.Table) -> LoggedRounds:
     s = step_start.shape[0]
     nd = max(len(drafters), 1)
     step_drafted: FloatArray = np.zeros((s, len(drafters)))
+    step_spec_rows: FloatArray = np.zeros((s, len(drafters)))
     if drafters:
         has = row_drafter >= 0
-        sums = np.bincount(
-            step_of_row[has] * nd + row_drafter[has],
-            weights=drafted[has].astype(np.float64),
-            minlength=s * nd,
-        )
+        key = step_of_row[has] * nd + row_drafter[has]
+        sums = np.bincount(key, weights=drafted[has].astype(np.float64), minlength=s * nd)
         step_drafted = sums.astype(np.float64).reshape(s, nd)[:, : len(drafters)]
+        counts = np.bincount(key, minlength=s * nd).astype(np.float64)
+        step_spec_rows = counts.reshape(s, nd)[:, : len(drafters)]
     s_bucket = bucket[step_start]
     s_time = step_time[step_start]
-    cost = fit_step_cost(s_bucket, s_time, step_rows, step_drafted, num_buckets)
+    cost = fit_step_cost(
+        s_bucket, s_time, step_features(step_rows, step_spec_rows, step_drafted), num_buckets
+    )
 
     # Split each step's time across its rows in proportion to each row's fitted cost.
     row_bucket = bucket
     row_cost = cost.intercept[row_bucket] / step_rows[step_of_row] + cost.per_row[row_bucket]
     if drafters:
-        per_draft = cost.per_draft[row_bucket, np.maximum(row_drafter, 0)]
-        row_cost = row_cost + np.where(row_drafter >= 0, per_draft * drafted, 0.0)
+        d = np.maximum(row_drafter, 0)
+        spec_cost = cost.per_spec_row[row_bucket, d] + cost.per_draft[row_bucket, d] * drafted
+        row_cost = row_cost + np.where(row_drafter >= 0, spec_cost, 0.0)
     predicted = np.add.reduceat(row_cost, step_start)
     ok = predicted > 0.0
     scale = np.where(ok, s_time / np.where(ok, predicted, 1.0), 0.0)
@@ -272,6 +272,7 @@ def prepare(table: pa.Table) -> LoggedRounds:
         step_bucket=s_bucket,
         step_rows=step_rows,
         step_drafted=step_drafted,
+        step_spec_rows=step_spec_rows,
         step_engine=engine[step_start],
         step_index=step_index[step_start],
         step_batch_size=col("batch_size").astype(np.int64)[step_start],

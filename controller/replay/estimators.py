@@ -213,7 +213,7 @@ class Bootstrap:
             rng.poisson(1.0, (self.n, data.num_steps)), np.iinfo(np.uint8).max
         ).astype(np.uint8)
         fitter = StepCostFitter(
-            data.step_bucket, data.step_time_s, data.step_rows, data.step_drafted, data.num_buckets
+            data.step_bucket, data.step_time_s, data.step_features, data.num_buckets
         )
         self._costs: list[StepCostModel] = []
         chunk = max(1, 8_000_000 // max(data.num_steps, 1))
@@ -439,7 +439,11 @@ def fit_arm_model(
         n = rows_sum[:, d, arm.k]
         ok = n > 0
         tokens[ok, a] = tok_sum[ok, d, arm.k] / n[ok]
-        seconds[ok, a] = base[ok] + cost.per_draft[b[ok], d] * dr_sum[ok, d, arm.k] / n[ok]
+        seconds[ok, a] = (
+            base[ok]
+            + cost.per_spec_row[b[ok], d]
+            + cost.per_draft[b[ok], d] * dr_sum[ok, d, arm.k] / n[ok]
+        )
         support[:, a] = n
     return ArmModel(tokens, seconds, support, context_rounds.astype(np.float64))
 
