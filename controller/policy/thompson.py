@@ -211,7 +211,7 @@ class SpecctlPolicy(Policy):
         self._decisions: dict[tuple[str | None, int], tuple[tuple[int, int, int], Decision]] = {}
         # contexts switched off: they stay off until P(spec loses) < switch_on_confidence
         self._switched_off: set[tuple[str, int]] = set()
-        self._cost_posterior: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+        self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # posterior draws are computed in float32: twice as fast, and far more precise
         # than the Monte Carlo error of num_samples draws
@@ -263,6 +263,15 @@ class SpecctlPolicy(Policy):
             np.array([0, *(i for i, a in enumerate(offered) if a.drafter == d)], dtype=np.int64)
             for d in dict.fromkeys(a.drafter for a in spec)
         ]
+        # cost features of each arm run by a whole batch of B requests with e extra tokens:
+        # one + B * batch + e * extra (see cost.arm_features)
+        nd = self.config.max_drafters
+        k = self._arm_k.astype(np.float64)
+        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd)
+        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd)
+        self._feature_batch -= self._feature_one
+        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd)
+        self._feature_extra -= self._feature_one
         self._prior_index = self._prior_arm_index()
         self._arms_version = self._next_tick()
 
@@ -463,26 +472,45 @@ class SpecctlPolicy(Policy):
 
     def _samples(self, slot: int | None, bucket: int) -> _Samples:
         tokens = self._token_samples(slot)
+        batch_size, step_time = self._step_time_samples(bucket)
+        goodput = tokens / step_time
+        goodput *= batch_size
+        return _Samples(goodput, tokens, step_time)
+
+    def _step_time_samples(self, bucket: int) -> tuple[float, np.ndarray]:
+        """The bucket's batch size and draws of step time, (num_samples, arms); cached."""
+        version = (int(self._bucket_version[bucket]), self._arms_version)
+        cached = self._step_times.get(bucket)
+        if cached is not None and cached[0] == version:
+            return cached[1], cached[2]
         batch_size = self.load.batch_size(bucket)
-        features = self._arm_features(bucket, batch_size)
-        theta_mean, chol = self._cost_posterior_of(bucket, batch_size)
-        theta = self._z_cost @ chol.T.astype(np.float32)
+        extra = self.load.extra_tokens(bucket)
+        # a step in which the whole batch ran each offered arm (see cost.arm_features)
+        features = self._feature_one + batch_size * self._feature_batch
+        features += extra * self._feature_extra
+        # prior scales from a step running K=2 for the whole batch
+        typical = np.empty(self.cost.num_features)
+        typical[0] = 1.0
+        typical[1] = extra + 3.0 * batch_size
+        typical[2::2] = batch_size
+        typical[3::2] = 2.0 * batch_size
+        theta_mean, factor = self.cost.posterior(bucket, typical)
+        theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
         step_time = theta @ features.T.astype(np.float32)
         # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
         # posterior mean: the Gaussian posterior knows nothing of step times being positive,
         # and along directions the data cannot see (a drafter's per-request cost while off
         # never ran) it would otherwise promise near-zero step times
-        floor = (features @ theta_mean).astype(np.float32) / _MAX_SPEEDUP_OF_DRAW
-        np.maximum(step_time, np.maximum(floor, _MIN_STEP_TIME_S), out=step_time)
+        floor = np.maximum(features @ theta_mean / _MAX_SPEEDUP_OF_DRAW, _MIN_STEP_TIME_S)
+        np.maximum(step_time, floor.astype(np.float32), out=step_time)
         # each draw's step time never decreases with K (off counting as K=0): a monotone
         # envelope rather than clipped coefficients, which would break the cancellations
         # between correlated coefficients and inflate long drafts' cost
         for chain in self._k_chains:
             step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
-        goodput = tokens / step_time
-        goodput *= batch_size
-        return _Samples(goodput, tokens, step_time)
+        self._step_times[bucket] = (version, batch_size, step_time)
+        return batch_size, step_time
 
     def _token_samples(self, slot: int | None) -> np.ndarray:
         """Draws of committed tokens per round, (num_samples, arms); cached per class."""
@@ -508,33 +536,6 @@ class SpecctlPolicy(Policy):
         tokens[:, 1:] += reach @ self._arm_positions
         self._tokens[slot] = (version, tokens)
         return tokens
-
-    def _arm_features(self, bucket: int, batch_size: float) -> np.ndarray:
-        """Cost features of a step in which the whole batch ran each offered arm."""
-        return arm_features(
-            batch_size,
-            self.load.extra_tokens(bucket),
-            self._arm_drafter_slot,
-            self._arm_k.astype(np.float64),
-            self.config.max_drafters,
-        )
-
-    def _cost_posterior_of(self, bucket: int, batch_size: float) -> tuple[np.ndarray, np.ndarray]:
-        version = int(self._bucket_version[bucket])
-        cached = self._cost_posterior.get(bucket)
-        if cached is not None and cached[0] == version:
-            return cached[1], cached[2]
-        # a step running K=2 for the whole batch
-        typical = arm_features(
-            batch_size,
-            self.load.extra_tokens(bucket),
-            np.arange(self.config.max_drafters),
-            np.full(self.config.max_drafters, 2.0),
-            self.config.max_drafters,
-        ).max(axis=0)
-        mean, chol = self.cost.posterior(bucket, typical)
-        self._cost_posterior[bucket] = (version, mean, chol)
-        return mean, chol
 
     # -- explaining -----------------------------------------------------------
 
@@ -667,7 +668,7 @@ class SpecctlPolicy(Policy):
         self._switched_off = switched_off
         self._tick = max(self._tick, int(self._last_update.max(initial=0)))
         self._decisions.clear()
-        self._cost_posterior.clear()
+        self._step_times.clear()
         self._tokens.clear()
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
