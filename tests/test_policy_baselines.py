@@ -65,6 +65,17 @@ def test_registry_has_every_policy_and_specctl_is_the_default() -> None:
         make_policy("nope")
 
 
+@pytest.mark.parametrize("name", sorted(set(POLICIES) - {"static"}))
+def test_the_callers_load_buckets_reach_every_bucketed_policy(name: str) -> None:
+    policy = make_policy(name, {}, load_bucket_bounds=[4, 16, 64, 256])
+    policy.set_arms(arms_for(NGRAM.items()))
+    assert policy.select_action("chat", 4).probabilities.sum() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"load_bucket_bounds=\[8\] differs from"):
+        make_policy(name, {"load_bucket_bounds": [8]}, load_bucket_bounds=[4, 16])
+    static = make_policy("static", {"arm": "off"}, load_bucket_bounds=[4, 16])
+    assert static.select_action("chat", 2).mode == OFF
+
+
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.arms import parse_arm
@@ -39,10 +39,32 @@ POLICIES: dict[str, Callable[[Mapping[str, Any]], Policy]] = {
 # The policy the sidecar runs unless configured otherwise.
 DEFAULT_POLICY = "specctl"
 
+# Policies whose state depends on the load buckets (all but static).
+BUCKETED = frozenset(POLICIES) - {"static"}
 
-def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
-    """Build a policy by name; raise ValueError naming the policy and the bad parameter."""
+
+def make_policy(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    load_bucket_bounds: Sequence[int] | None = None,
+) -> Policy:
+    """Build a policy by name; raise ValueError naming the policy and the bad parameter.
+
+    ``load_bucket_bounds`` is the caller's bucketing (the sidecar's
+    ``policy.load_bucket_bounds``): it is handed to policies that depend on
+    it, and must agree with a ``load_bucket_bounds`` in ``params``.
+    """
     factory = POLICIES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    return factory(params or {})
+    params = dict(params or {})
+    if load_bucket_bounds is not None and name in BUCKETED:
+        bounds = [int(b) for b in load_bucket_bounds]
+        given = params.setdefault("load_bucket_bounds", bounds)
+        if isinstance(given, Sequence) and [*given] != bounds:
+            raise ValueError(
+                f"{name} policy: load_bucket_bounds={list(given)} differs from the "
+                f"load buckets in use, {bounds}"
+            )
+    return factory(params)
