@@ -43,6 +43,7 @@ def test_override_with_token_pins_the_class_and_is_pushed(sidecar_factory, token
         "tcp",
         admin_enabled=True,
         admin_token_file=str(token_file),
+        policy_name="static",
         policy_params={"arm": "ngram/k=4"},
     )
     engine = ScriptedEngine(sc.address)

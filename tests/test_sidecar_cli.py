@@ -110,7 +110,8 @@ def test_serve_exits_zero_on_sigterm_with_an_open_stream() -> None:
                 proc.communicate()
 
 
-def test_policy_and_evidence_commands(sidecar, capsys: pytest.CaptureFixture[str]) -> None:
+def test_policy_and_evidence_commands(sidecar_factory, capsys: pytest.CaptureFixture[str]) -> None:
+    sidecar = sidecar_factory(policy_name="static", policy_params={"arm": "off"})
     assert main(["policy", "--address", sidecar.address]) == 0
     out = capsys.readouterr().out
     assert "policy static version 1" in out

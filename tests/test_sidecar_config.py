@@ -23,7 +23,8 @@ def test_defaults() -> None:
     assert c.server.max_message_bytes == 4194304
     assert c.server.grace_period_s == 5.0
     assert c.server.max_engines == 256
-    assert (c.policy.name, dict(c.policy.params)) == ("static", {"arm": "off"})
+    assert (c.policy.name, dict(c.policy.params)) == ("specctl", {})
+    assert c.policy.republish_interval_s == 10.0
     assert c.policy.default_class == "default"
     assert c.policy.max_classes == 64
     assert c.policy.load_bucket_bounds == (8, 32, 128)
@@ -38,7 +39,7 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     path = _file(
         tmp_path,
         '[server]\nlisten = "127.0.0.1:6000"\nmax_engines = 8\n'
-        '[policy]\nparams = { arm = "ngram/k=2" }\nload_bucket_bounds = [4, 16]\n'
+        '[policy]\nname = "static"\nparams = { arm = "ngram/k=2" }\nload_bucket_bounds = [4, 16]\n'
         '[policy.overrides]\nchat = "off"\n'
         "[engine]\nmax_policy_age_s = 30\n",  # the engine plugin's section is left to it
     )
@@ -85,7 +86,11 @@ def test_a_policy_chosen_later_does_not_inherit_parameters_written_for_another(t
         ("[server]\nmax_message_bytes = 10\n", {}, "server.max_message_bytes=10"),
         ("[server]\ngrace_period_s = -1\n", {}, "server.grace_period_s=-1.0"),
         ('[policy]\nname = "nope"\n', {}, "policy.name='nope': unknown policy"),
-        ('[policy]\nparams = { arm = "ngram/k=0" }\n', {}, "policy.params={'arm': 'ngram/k=0'}"),
+        (
+            '[policy]\nname = "static"\nparams = { arm = "ngram/k=0" }\n',
+            {},
+            "policy.params={'arm': 'ngram/k=0'}",
+        ),
         ('[policy]\nparams = { colour = "red" }\n', {}, "unknown parameters ['colour']"),
         ("[policy]\nload_bucket_bounds = [32, 8]\n", {}, "policy.load_bucket_bounds=[32, 8]"),
         ('[policy]\nload_bucket_bounds = ["a"]\n', {}, "must be a list of integers"),

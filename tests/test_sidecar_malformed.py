@@ -65,7 +65,7 @@ BAD_REPORTS = [
     ids=[case[0] for case in BAD_REPORTS],
 )
 def test_bad_report_is_rejected_naming_the_field(sidecar_factory, bad, reason, text) -> None:
-    sc = sidecar_factory(policy_params={"arm": "ngram/k=4"})
+    sc = sidecar_factory(policy_name="static", policy_params={"arm": "ngram/k=4"})
     engine, other = ScriptedEngine(sc.address), ScriptedEngine(sc.address)
     try:
         engine.send(hello("engine-a"))

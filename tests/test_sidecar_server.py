@@ -21,7 +21,7 @@ from controller.sidecar.server import Outbox
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
 def test_engine_gets_policy_and_a_new_version_for_a_new_class(sidecar_factory, transport) -> None:
-    sc = sidecar_factory(transport, policy_params={"arm": "ngram/k=4"})
+    sc = sidecar_factory(transport, policy_name="static", policy_params={"arm": "ngram/k=4"})
     assert sc.address.startswith("unix://") == (transport == "unix")
     engine = ScriptedEngine(sc.address)
     try:
@@ -44,7 +44,7 @@ def test_engine_gets_policy_and_a_new_version_for_a_new_class(sidecar_factory, t
 
 
 def test_engine_without_the_drafter_gets_its_runnable_arms_only(sidecar_factory) -> None:
-    sc = sidecar_factory(policy_params={"arm": "ngram/k=4"})
+    sc = sidecar_factory(policy_name="static", policy_params={"arm": "ngram/k=4"})
     engines = {name: ScriptedEngine(sc.address) for name in ("big", "small", "none")}
     try:
         engines["big"].send(hello("big", drafters=[("ngram", 4)]))
@@ -91,9 +91,9 @@ def test_configuration_change_pushes_a_new_version(sidecar_factory, tmp_path: Pa
 
 def test_invalid_configuration_change_keeps_the_running_policy(sidecar_factory, tmp_path) -> None:
     config = tmp_path / "specctl.toml"
-    config.write_text('[policy]\nparams = { arm = "off" }\n')
+    config.write_text('[policy]\nname = "static"\nparams = { arm = "off" }\n')
     sc = sidecar_factory(config_path=config)
-    config.write_text('[policy]\nparams = { arm = "bogus" }\n')
+    config.write_text('[policy]\nname = "static"\nparams = { arm = "bogus" }\n')
     assert sc.run(sc.sidecar.reload_config) is False
     assert sc.sidecar.config.policy.params == {"arm": "off"}
 
@@ -119,7 +119,7 @@ def test_unix_socket_is_private_to_the_owner(sidecar) -> None:
 
 
 def test_metrics_count_reports_and_sessions_go_away(sidecar_factory) -> None:
-    sc = sidecar_factory(policy_params={"arm": "ngram/k=4"})
+    sc = sidecar_factory(policy_name="static", policy_params={"arm": "ngram/k=4"})
     engine = ScriptedEngine(sc.address)
     engine.send(hello())
     first = engine.recv_policy()
@@ -257,3 +257,17 @@ def test_metrics_include_the_process_wide_registry(sidecar) -> None:
     assert "specctl_policy_version" in names
     assert "python_info" in names
     assert writer.ROWS_WRITTEN._name + "_total" in names
+
+
+def test_a_settled_policy_is_republished_as_a_heartbeat(sidecar_factory) -> None:
+    sidecar = sidecar_factory(policy_republish_interval_s=0.3)
+    engine = ScriptedEngine(sidecar.address)
+    try:
+        engine.send(hello("heartbeat-engine"))
+        first = engine.recv_policy()
+        again = engine.recv_policy(timeout=5.0)
+        # Nothing changed, yet the same version arrives again: the engine's policy age resets.
+        assert again.version == first.version
+        assert again.issued_unix_s >= first.issued_unix_s
+    finally:
+        engine.close()

@@ -43,7 +43,7 @@ class EngineConfig:
     # The arm run without a fresh policy; None: the engine's own speculative setting.
     fallback_arm: str | None = None
     # Fall back when the last policy is older than this, seconds (0: never by age).
-    max_policy_age_s: float = 0.0
+    max_policy_age_s: float = 60.0
     # The key in SamplingParams.extra_args (vllm_xargs) that names the workload class.
     class_key: str = "workload_class"
     # The class of requests that name none (and of those that name an invalid one).

@@ -123,14 +123,17 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    name: str = "static"
-    params: Mapping[str, Any] = field(default_factory=lambda: {"arm": "off"})
+    name: str = "specctl"
+    params: Mapping[str, Any] = field(default_factory=dict)
     default_class: str = "default"
     max_classes: int = 64
     load_bucket_bounds: tuple[int, ...] = (8, 32, 128)
     fallback_arm: str = ""
     push_threshold: float = 0.05
     min_push_interval_s: float = 0.5
+    # Re-send the current policy this often even when it did not change, so an engine
+    # can tell a quiet sidecar from a dead one (its max_policy_age_s); 0 disables.
+    republish_interval_s: float = 10.0
     # class -> arm pinned from the configuration file ("off" disables speculation)
     overrides: Mapping[str, str] = field(default_factory=dict)
 
@@ -172,6 +175,10 @@ class PolicyConfig:
         if not 0.0 <= self.min_push_interval_s <= 60.0:
             raise _fail(
                 "policy.min_push_interval_s", self.min_push_interval_s, "must be in [0, 60]"
+            )
+        if not 0.0 <= self.republish_interval_s <= 3600.0:
+            raise _fail(
+                "policy.republish_interval_s", self.republish_interval_s, "must be in [0, 3600]"
             )
         for cls, arm in self.overrides.items():
             key = f"policy.overrides.{cls}"

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default 127.0.0.1:9400)",
     )
     parser.add_argument(
-        "--policy", metavar="NAME", help="policy by name (policy.name; default static)"
+        "--policy", metavar="NAME", help="policy by name (policy.name; default specctl)"
     )
     parser.add_argument(
         "--log-format",

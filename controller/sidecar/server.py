@@ -692,16 +692,25 @@ class Sidecar:
 
     async def _push_loop(self) -> None:
         assert self._policy_changed is not None
+        republish = self.config.policy.republish_interval_s or None
         while True:
-            await self._policy_changed.wait()
+            try:
+                await asyncio.wait_for(self._policy_changed.wait(), timeout=republish)
+            except TimeoutError:
+                self.push_policy(republish=True)
+                continue
             self._policy_changed.clear()
             self.push_policy()
             await asyncio.sleep(self.config.policy.min_push_interval_s)
 
-    def push_policy(self) -> None:
-        """Queue the current version for every engine that has not seen it yet."""
+    def push_policy(self, republish: bool = False) -> None:
+        """Queue the current version for every engine that has not seen it yet.
+
+        With ``republish`` every engine gets it again: the heartbeat that keeps
+        a settled policy from ageing into the engines' fallback.
+        """
         for session in list(self.sessions):
-            if session.pushed_version < self.book.version:
+            if republish or session.pushed_version < self.book.version:
                 policy = self.book.policy_for(session.offered, session.fallback)
                 session.pushed_version = policy.version
                 session.outbox.put_policy(policy)
