@@ -182,14 +182,18 @@ class _SpecctlMixin:
     def add_request(self, request: Any) -> None:
         recorder = self.specctl
         if recorder is not None:
-            params = request.sampling_params
-            recorder.add(
-                request.request_id,
-                recorder.classify(
-                    params.extra_args if params is not None else None, request.num_prompt_tokens
-                ),
-                request,
-            )
+            try:
+                params = request.sampling_params
+                recorder.add(
+                    request.request_id,
+                    recorder.classify(
+                        params.extra_args if params is not None else None,
+                        request.num_prompt_tokens,
+                    ),
+                    request,
+                )
+            except Exception:  # a bookkeeping bug must never fail requests
+                log.exception("specctl_hook_failed", hook="add_request")
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -197,7 +201,10 @@ class _SpecctlMixin:
         if recorder is not None:
             # Requests that finished since the last step leave their classes first.
             if self.finished_req_ids:  # type: ignore[attr-defined]
-                recorder.forget(self.finished_req_ids)  # type: ignore[attr-defined]
+                try:
+                    recorder.forget(self.finished_req_ids)  # type: ignore[attr-defined]
+                except Exception:
+                    log.exception("specctl_hook_failed", hook="schedule")
             self._specctl_schedule_start = time.monotonic()
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
@@ -205,15 +212,21 @@ class _SpecctlMixin:
         recorder = self.specctl
         if recorder is not None:
             num_scheduled = scheduler_output.num_scheduled_tokens
-            k = recorder.on_schedule(
-                id(scheduler_output), len(num_scheduled), self._specctl_schedule_start
-            )
-            if num_scheduled:
-                # Read by the drafter, and by AsyncScheduler for its placeholders.
-                scheduler_output.num_spec_tokens_to_schedule = k
+            try:
+                k = recorder.on_schedule(
+                    id(scheduler_output), len(num_scheduled), self._specctl_schedule_start
+                )
+                if num_scheduled:
+                    # Read by the drafter, and by AsyncScheduler for its placeholders.
+                    scheduler_output.num_spec_tokens_to_schedule = k
+            except Exception:  # vLLM's own K stands for this step
+                log.exception("specctl_hook_failed", hook="_update_after_schedule")
         super()._update_after_schedule(scheduler_output)  # type: ignore[misc]
         if recorder is not None:
-            self._specctl_after_schedule(scheduler_output)
+            try:
+                self._specctl_after_schedule(scheduler_output)
+            except Exception:
+                log.exception("specctl_hook_failed", hook="_update_after_schedule")
 
     def _specctl_after_schedule(self, scheduler_output: Any) -> None:
         """Per-variant step once vLLM has set up the next drafts."""
@@ -222,7 +235,10 @@ class _SpecctlMixin:
         super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
         recorder = self.specctl
         if recorder is not None:
-            recorder.cut_drafts()
+            try:
+                recorder.cut_drafts()
+            except Exception:
+                log.exception("specctl_hook_failed", hook="update_draft_token_ids")
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
@@ -237,8 +253,8 @@ class _SpecctlMixin:
                     model_runner_output.req_id_to_index,
                     model_runner_output.sampled_token_ids,
                 )
-            except Exception:  # a bookkeeping bug must never fail requests
-                log.exception("specctl_record_failed")
+            except Exception:
+                log.exception("specctl_hook_failed", hook="update_from_output")
         return outputs
 
     def shutdown(self) -> None:
