@@ -271,3 +271,21 @@ def test_a_settled_policy_is_republished_as_a_heartbeat(sidecar_factory) -> None
         assert again.issued_unix_s >= first.issued_unix_s
     finally:
         engine.close()
+
+
+def test_the_policy_learns_in_every_configured_load_bucket(sidecar_factory) -> None:
+    # Five bounds: six buckets, more than the policy's own default of four.
+    bounds = [2, 4, 8, 16, 64]
+    sidecar = sidecar_factory(policy_load_bucket_bounds=bounds)
+    engine = ScriptedEngine(sidecar.address)
+    try:
+        engine.send(hello("buckets-engine"))
+        first = engine.recv_policy()
+        assert list(first.load_bucket_bounds) == bounds
+        for seq in range(1, 4):
+            engine.send(report(seq, workload_class="wide", load_bucket=5))
+        newer = engine.recv_policy(min_version=first.version + 1)
+        assert any(e.workload_class == "wide" and e.load_bucket == 5 for e in newer.entries)
+        assert "policy_error" not in str(scrape(sidecar.metrics_url))
+    finally:
+        engine.close()

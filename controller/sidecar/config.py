@@ -144,10 +144,6 @@ class PolicyConfig:
             raise _fail("policy.name", self.name, f"unknown policy; known: {sorted(POLICIES)}")
         if not isinstance(self.params, Mapping):
             raise _fail("policy.params", self.params, "must be a table")
-        try:
-            make_policy(self.name, self.params)
-        except (ValueError, TypeError) as exc:
-            raise _fail("policy.params", dict(self.params), str(exc)) from None
         problem = validate_class_name(self.default_class)
         if problem is not None:
             raise _fail("policy.default_class", self.default_class, problem)
@@ -189,6 +185,10 @@ class PolicyConfig:
                 parse_arm(str(arm))
             except ArmError as exc:
                 raise _fail(key, arm, str(exc)) from None
+        try:
+            make_policy(self.name, self.params, load_bucket_bounds=self.load_bucket_bounds)
+        except (ValueError, TypeError) as exc:
+            raise _fail("policy.params", dict(self.params), str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -343,7 +343,9 @@ def build_book(
     """A PolicyBook as the configuration describes it (``policy`` replaces the configured one)."""
     pc = config.policy
     book = PolicyBook(
-        policy if policy is not None else make_policy(pc.name, pc.params),
+        policy
+        if policy is not None
+        else make_policy(pc.name, pc.params, load_bucket_bounds=pc.load_bucket_bounds),
         policy_name=None if policy is not None else pc.name,
         default_class=pc.default_class,
         max_classes=pc.max_classes,
@@ -382,7 +384,11 @@ class Sidecar:
                 config.state,
                 self.book,
                 self.metrics.registry,
-                lambda: policy if policy is not None else make_policy(pc.name, pc.params),
+                lambda: (
+                    policy
+                    if policy is not None
+                    else make_policy(pc.name, pc.params, load_bucket_bounds=pc.load_bucket_bounds)
+                ),
             )
         self.admin_token = config.admin.read_token()
         self.sessions: set[Session] = set()
@@ -745,7 +751,11 @@ class Sidecar:
                 self.config.policy.name,
                 dict(self.config.policy.params),
             ):
-                policy = make_policy(new.policy.name, new.policy.params)
+                policy = make_policy(
+                    new.policy.name,
+                    new.policy.params,
+                    load_bucket_bounds=new.policy.load_bucket_bounds,
+                )
         except (ConfigError, ValueError, OSError) as exc:
             log.error("config_reload_failed", path=self.config.path, error=str(exc))
             return False
