@@ -6,7 +6,9 @@ workload mixes two classes: greedy requests (the random model loops, n-gram
 drafts are often accepted) and temperature-1.0 requests (drafts almost never
 are). After a learning phase, the same batches run in rounds, each round
 measuring, side by side, every class pinned ``off``, every class pinned to
-``ngram/k=4``, and specctl's own policy (no pins).
+``ngram/k=4``, and specctl's own policy (no pins). It prints output tokens per
+second of wall time and per CPU second of the engine's processes (the engine's
+time on a CPU engine; unlike wall time, unaffected by other load on the machine).
 
     .venv/bin/python benchmarks/e2e_throughput.py [--rounds 3] [--requests 32] [--max-tokens 128]
 """
@@ -93,11 +95,40 @@ def batch(n: int, max_tokens: int, offset: int) -> tuple[list[str], list[Any]]:
     return prompts, params
 
 
-def run(llm: Any, n: int, max_tokens: int, offset: int) -> tuple[int, float]:
+def engine_cpu_s(exclude: int) -> float:
+    """CPU seconds used by this process's descendants (vLLM's engine core and worker) except
+    ``exclude`` (the sidecar): the engine's time on a CPU engine, unaffected by other load."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry)] = int(fields[1])
+            cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    me, total = os.getpid(), 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p > 1 and p not in (me, exclude):
+            p = parent.get(p, 1)
+        if p == me and pid != me:
+            total += seconds
+    return total
+
+
+def run(
+    llm: Any, n: int, max_tokens: int, offset: int, sidecar_pid: int
+) -> tuple[int, float, float]:
+    """(output tokens, wall seconds, engine CPU seconds) of one batch."""
     prompts, params = batch(n, max_tokens, offset)
-    t0 = time.monotonic()
+    cpu0, t0 = engine_cpu_s(sidecar_pid), time.monotonic()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return sum(len(o.outputs[0].token_ids) for o in outs), time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, engine_cpu_s(sidecar_pid) - cpu0
+    return sum(len(o.outputs[0].token_ids) for o in outs), wall, cpu
 
 
 def main() -> None:
@@ -124,24 +155,35 @@ def main() -> None:
         max_num_seqs=args.requests, seed=0, speculative_config=NGRAM, scheduler_cls=SCHEDULER_CLS,
     )  # fmt: skip
     try:
+        pid = sidecar.proc.pid
         for i in range(args.learn_batches):  # specctl learns (also from the pinned phases later)
-            run(llm, args.requests, args.max_tokens, 10_000 + i * args.requests)
+            run(llm, args.requests, args.max_tokens, 10_000 + i * args.requests, pid)
         print("after learning, specctl chooses:", sidecar.chosen(), flush=True)
         configs = [("no speculation", "off"), ("static ngram/k=4", "ngram/k=4"), ("specctl", "")]
-        totals = {name: [0, 0.0] for name, _ in configs}
+        totals = {name: [0, 0.0, 0.0] for name, _ in configs}
         for r in range(args.rounds):
             for name, pin in configs:
                 sidecar.pin(pin)
-                tokens, wall = run(llm, args.requests, args.max_tokens, r * args.requests)
-                totals[name][0] += tokens
-                totals[name][1] += wall
-                print(f"round {r} {name:<18} {tokens / wall:8.1f} output tok/s", flush=True)
+                tokens, wall, cpu = run(llm, args.requests, args.max_tokens, r * args.requests, pid)
+                for i, v in enumerate((tokens, wall, cpu)):
+                    totals[name][i] += v
+                print(
+                    f"round {r} {name:<18} {tokens / wall:8.1f} output tok/s "
+                    f"{tokens / cpu:8.1f} per engine CPU s",
+                    flush=True,
+                )
         print("specctl chooses:", sidecar.chosen())
-        base = totals["no speculation"][0] / totals["no speculation"][1]
-        print(f"\n{'configuration':<18} {'output tok/s':>13} {'vs no spec':>11}")
-        for name, (tokens, wall) in totals.items():
-            rate = tokens / wall
-            print(f"{name:<18} {rate:>13.1f} {rate / base:>10.2f}x")
+        base_wall = totals["no speculation"][0] / totals["no speculation"][1]
+        base_cpu = totals["no speculation"][0] / totals["no speculation"][2]
+        print(
+            f"\n{'configuration':<18} {'output tok/s':>13} {'vs no spec':>11} "
+            f"{'tok/engine CPU s':>17} {'vs no spec':>11}"
+        )
+        for name, (tokens, wall, cpu) in totals.items():
+            print(
+                f"{name:<18} {tokens / wall:>13.1f} {tokens / wall / base_wall:>10.2f}x "
+                f"{tokens / cpu:>17.1f} {tokens / cpu / base_cpu:>10.2f}x"
+            )
     finally:
         llm.llm_engine.engine_core.shutdown()
         sidecar.close()
