@@ -114,7 +114,11 @@ async def _engine(
             if next_at > now:
                 await asyncio.sleep(next_at - now)
             seq += 1
-            await call.write(report_frame(templates[seq % len(templates)], seq))
+            try:
+                await call.write(report_frame(templates[seq % len(templates)], seq))
+            except asyncio.InvalidStateError:
+                out["errors"].append(f"stream ended by the sidecar: {call.code()}")
+                break
             out["sent"] += 1
             if held_issued:
                 out["held_age"].append(time.time() - held_issued[0])
@@ -226,8 +230,9 @@ class SidecarProcess:
             [sys.executable, "-m", "controller.cli", "serve", "--config", str(config),
              "--listen", self.address, "--metrics-listen", f"127.0.0.1:{port}",
              "--log-format", "json", "--log-level", "warning"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp / "sidecar.log").open("wb"),
         )  # fmt: skip
+        self.log_path = tmp / "sidecar.log"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -240,7 +245,18 @@ class SidecarProcess:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(30)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        errors = [
+            line
+            for line in self.log_path.read_text(errors="replace").splitlines()
+            if '"level": "error"' in line or '"level": "warning"' in line
+        ]
+        if errors:
+            print(f"sidecar warnings and errors ({len(errors)}):", *errors[:10], sep="\n  ")
 
 
 # ------------------------------------------------------------------ one run

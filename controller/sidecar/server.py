@@ -63,7 +63,7 @@ REJECTION_LOG_INTERVAL_S = 5.0
 ADMIN_DISABLED = "admin calls are disabled; set admin.enabled"
 GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
 # Validated reports waiting to be learned; beyond this, reports are refused as overloaded.
-MAX_PENDING_REPORTS = 8192
+MAX_PENDING_REPORTS = 1024
 
 
 class HelloError(ValueError):
@@ -427,6 +427,10 @@ class Sidecar:
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.so_reuseport", 0),
+            # Keep each stream's receive window at its default (64 KiB) instead of growing it
+            # with bandwidth probes: an engine faster than the sidecar is held back by flow
+            # control, and what waits for the sidecar stays bounded in memory.
+            ("grpc.http2.bdp_probe", 0),
         ]
         server = grpc.aio.server(options=options)
         pb_grpc.add_SpecControllerServicer_to_server(SpecControllerService(self), server)
