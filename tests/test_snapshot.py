@@ -307,3 +307,29 @@ def test_decision_log_rows_of_many_reports_are_those_of_each() -> None:
     one_by_one = pa.concat_tables([batch_to_table(b) for b in parts])
     assert together.schema == one_by_one.schema
     assert together.to_pylist() == one_by_one.to_pylist()
+
+
+def test_a_state_the_configuration_cannot_take_does_not_stop_start_up(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from controller.sidecar.config import StateConfig
+    from controller.sidecar.state import StateKeeper
+
+    book = make_book()
+    book.offer(OFFERED)  # two drafters
+    for batch in batches(3):
+        book.ingest(batch)
+    write_snapshot(tmp_path / "state.snapshot", capture(book, IngestWatermarks()))
+    # restarted with room for one drafter only
+    small = make_book(max_drafters=1)
+    registry = CollectorRegistry()
+    keeper = StateKeeper(
+        StateConfig(dir=str(tmp_path), decision_log=False),
+        small,
+        registry,
+        lambda: make_policy("specctl", {"max_drafters": 1}),
+    )
+    keeper.open()
+    assert registry.get_sample_value("specctl_snapshot_errors_total", {"reason": "policy_state"})
+    keeper.close()
+    assert read_snapshot(tmp_path / "state.snapshot") is not None

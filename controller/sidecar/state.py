@@ -24,6 +24,7 @@ from controller.sidecar.config import StateConfig
 from controller.sidecar.snapshot import (
     SNAPSHOT_NAME,
     IngestWatermarks,
+    ReplayResult,
     Snapshot,
     SnapshotError,
     SnapshotMetrics,
@@ -78,7 +79,10 @@ class StateKeeper:
                 moved_to=str(moved) if moved else None,
             )
         if snap is not None:
-            problem = restore(self.book, snap, self.fresh_policy)
+            try:
+                problem = restore(self.book, snap, self.fresh_policy)
+            except Exception as exc:  # a state that does not fit must not stop the sidecar
+                problem = f"restore failed: {type(exc).__name__}: {exc}"
             if problem is not None:
                 self.metrics.errors.labels("policy_state").inc()
                 log.error("snapshot_policy_state_unused", path=str(self.path), error=problem)
@@ -86,12 +90,17 @@ class StateKeeper:
             self.restored_from = "snapshot"
         replayed = 0
         if self.config.decision_log:
-            result = replay_log_tail(
-                self.book,
-                self.log_dir,
-                self.watermarks,
-                snap.created_unix_s if snap is not None else None,
-            )
+            try:
+                result = replay_log_tail(
+                    self.book,
+                    self.log_dir,
+                    self.watermarks,
+                    snap.created_unix_s if snap is not None else None,
+                )
+            except Exception as exc:  # never crash on what the log holds
+                self.metrics.errors.labels("replay").inc()
+                log.exception("decision_log_replay_failed", directory=str(self.log_dir))
+                result = ReplayResult(problems=(f"{type(exc).__name__}: {exc}",))
             replayed = result.rows
             self.metrics.replayed_rows.inc(result.rows)
             for problem in result.problems[:20]:
