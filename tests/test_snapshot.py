@@ -257,7 +257,13 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
     Without forgetting (discount 1) the sufficient statistics are equal; with
     it, rows of one round are decayed together, as the steps of one report are.
     """
-    params = {"discount": 1.0, "max_rounds": 1e12}
+    from controller.policy.thompson import SpecctlConfig
+
+    params = {
+        name: value
+        for name, value in {"discount": 1.0, "cost_discount": 1.0, "max_rounds": 1e12}.items()
+        if name in SpecctlConfig.__dataclass_fields__
+    }
     one_by_one, together = make_book(**params), make_book(**params)
     for book in (one_by_one, together):
         book.offer(OFFERED)
