@@ -5,7 +5,10 @@ Per load bucket ``b``, a step's wall time is modelled as
 per_draft[b, d] * drafted_d)``, where ``rows_d`` is the number of rows that
 speculated with drafter ``d`` (a drafter's fixed cost per round: its own
 forward pass, verification overhead) and ``drafted_d`` the draft tokens it
-proposed in the step, fitted by least squares with non-negative coefficients. It serves twice: to
+proposed in the step, fitted by least squares. The intercept, the cost per row and per draft token
+are kept non-negative; a drafter's fixed cost per row is not, so that a true
+value of zero is not biased upwards by the clipping (the total cost of a
+speculating row stays what the data say). It serves twice: to
 split a step's measured time across its rows (a row that drafted more carries
 more of the step), and to predict what a round would cost at a shorter
 proposal length, which the log never ran.
@@ -46,9 +49,12 @@ def step_features(rows: FloatArray, spec_rows: FloatArray, drafted: FloatArray) 
     return np.column_stack([np.ones_like(rows), rows, spec_rows, drafted])
 
 
-def _nonnegative_solve(xtx: FloatArray, xty: FloatArray) -> tuple[FloatArray, bool]:
-    """Least squares from the normal equations, coefficients clipped to >= 0 by
-    solving again without the negative ones; also whether X was rank deficient."""
+def _nonnegative_solve(
+    xtx: FloatArray, xty: FloatArray, constrained: npt.NDArray[np.bool_]
+) -> tuple[FloatArray, bool]:
+    """Least squares from the normal equations, ``constrained`` coefficients clipped
+    to >= 0 by solving again without the negative ones; also whether X was rank
+    deficient."""
     p = xtx.shape[0]
     scale = np.sqrt(np.maximum(np.diag(xtx), 1e-300))
     a = xtx / np.outer(scale, scale)  # equilibrated: a well-posed fit has a ~ correlation matrix
@@ -62,7 +68,7 @@ def _nonnegative_solve(xtx: FloatArray, xty: FloatArray) -> tuple[FloatArray, bo
         sol = np.linalg.lstsq(sub, rhs, rcond=1e-10)[0]
         coef[:] = 0.0
         coef[active] = sol / scale[active]
-        negative = coef < 0.0
+        negative = (coef < 0.0) & constrained
         if not negative.any():
             break
         active &= ~negative
@@ -92,6 +98,8 @@ class StepCostFitter:
         # told apart from it: they are left out of the fit, their coefficient 0.
         spread = x.max(axis=0) - x.min(axis=0) if len(x) else np.zeros(self.p)
         self._fixed = np.flatnonzero((spread == 0) & (np.arange(self.p) > 0))
+        self._constrained = np.ones(self.p, dtype=bool)
+        self._constrained[2 : 2 + self.num_drafters] = False  # per speculating row
         # per step: x x^T (flattened), x y and 1, grouped by bucket
         terms = np.column_stack(
             [np.einsum("sp,sq->spq", x, x).reshape(-1, self.p * self.p), x * step_time_s[:, None]]
@@ -110,12 +118,12 @@ class StepCostFitter:
             xtx[:, :, j] = 0.0
             xtx[:, j, j] = np.maximum(counts, 1.0)
             xty[:, j] = 0.0
-        pooled, deficient = _nonnegative_solve(xtx.sum(axis=0), xty.sum(axis=0))
+        pooled, deficient = _nonnegative_solve(xtx.sum(axis=0), xty.sum(axis=0), self._constrained)
         coef = np.tile(pooled, (self.num_buckets, 1))
         for b in range(self.num_buckets):
             if counts[b] < MIN_STEPS_PER_FEATURE * p:
                 continue
-            fit, bucket_deficient = _nonnegative_solve(xtx[b], xty[b])
+            fit, bucket_deficient = _nonnegative_solve(xtx[b], xty[b], self._constrained)
             if not bucket_deficient:
                 coef[b] = fit
         nd = self.num_drafters

@@ -172,8 +172,8 @@ def evaluate(
                     data,
                     candidate.make,
                     alpha=alpha,
-                    n_bootstrap_samples=n_bootstrap_samples,
                     random_state=random_state,
+                    bootstrap=bootstrap,
                 )
             else:
                 intervals = ESTIMATORS[name]().estimate_interval(

@@ -13,8 +13,9 @@ steps of an engine serving two classes).
 Unbiased for any policy, adaptive or not, as long as the log gave every arm it
 plays a positive propensity; it uses about ``1/M`` of the log per unit of
 probability, so it needs large logs and says how many rounds it accepted.
-Intervals are a bootstrap over accepted rounds: they do not include the
-variability of the candidate's own learning path.
+Intervals resample the accepted rounds' steps (the shared bootstrap, with the
+step time re-split under each replicate's refitted cost model): they do not
+include the variability of the candidate's own learning path.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ import numpy.typing as npt
 
 from controller.policy.base import Policy
 from controller.replay.data import LoggedRounds
-from controller.replay.estimators import SCOPE_ALL, IntervalEstimate, PolicyValue, scopes
+from controller.replay.estimators import (
+    SCOPE_ALL,
+    Bootstrap,
+    IntervalEstimate,
+    PolicyValue,
+    scopes,
+)
 from controller.steps import StepBatch
 
 FloatArray = npt.NDArray[np.float64]
@@ -174,28 +181,28 @@ class RejectionReplay:
         alpha: float = 0.05,
         n_bootstrap_samples: int = 200,
         random_state: int | None = None,
+        bootstrap: Bootstrap | None = None,
     ) -> dict[str, IntervalEstimate]:
+        """Value of the accepted rounds; the bootstrap resamples their steps and
+        re-splits step time under each replicate's refitted cost model."""
         units = self.accepted_units(data, make_policy, random_state=random_state)
-        rng = np.random.default_rng(None if random_state is None else random_state + 1)
+        bootstrap = bootstrap or Bootstrap(data, n_bootstrap_samples, random_state)
         cls = data.unit_class[units]
-        terms = np.column_stack(
-            [data.unit_tokens[units], data.unit_seconds[units], data.unit_rows[units]]
-        )
+        tokens = data.unit_tokens[units]
+        rows = data.unit_rows[units]
 
-        def value(c: FloatArray) -> FloatArray:
-            out = np.full((1 + len(data.classes), 3), 0.0)
-            out[0] = (terms * c[:, None]).sum(axis=0)
+        def value(c: FloatArray, seconds: FloatArray) -> FloatArray:
+            terms = np.column_stack([tokens, seconds, rows]) * c[:, None]
+            out = np.zeros((1 + len(data.classes), 3))
+            out[0] = terms.sum(axis=0)
             for j in range(3):
-                out[1:, j] = np.bincount(cls, weights=terms[:, j] * c, minlength=len(data.classes))
+                out[1:, j] = np.bincount(cls, weights=terms[:, j], minlength=len(data.classes))
             with np.errstate(divide="ignore", invalid="ignore"):
                 return np.column_stack([out[:, 0] / out[:, 2], out[:, 1] / out[:, 2]])
 
-        point = value(np.ones(units.shape[0]))
+        point = value(np.ones(units.shape[0]), data.unit_seconds[units])
         reps = np.stack(
-            [
-                value(np.asarray(rng.poisson(1.0, units.shape[0]), dtype=np.float64))
-                for _ in range(n_bootstrap_samples)
-            ]
+            [value(r.unit_weights(data)[units], r.unit_seconds(data)[units]) for r in bootstrap]
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             goodput = reps[:, :, 0] / reps[:, :, 1]
