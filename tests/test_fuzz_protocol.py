@@ -159,3 +159,49 @@ def test_after_fuzzing_the_server_serves_and_holds_no_sessions(live) -> None:
     assert sc.run(lambda: len(sc.sidecar.sessions)) == 1
     assert good.error is None
     assert threading.active_count() < 100
+
+
+def test_an_engine_that_never_reads_holds_a_bounded_outbox(live) -> None:
+    """4000 rejected reports to an engine that reads nothing: at most 64 wait for it."""
+    from controller.sidecar.server import MAX_PENDING_REJECTIONS
+
+    sc, good = live
+    bad = report(1, drafted=(4, 0), accepted=(5, 0))  # accepted above drafted: rejected
+    start = scrape(sc.metrics_url)["specctl_reports_received_total"]
+    frames = [hello("engine-deaf").SerializeToString()]
+    for seq in range(1, 4001):
+        bad.sequence = seq
+        frames.append(pb.EngineMessage(report=bad).SerializeToString())
+    # a receive window that does not grow: what the engine does not read stays at the sidecar
+    with grpc.insecure_channel(sc.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        connect = channel.stream_stream(
+            "/specctl.v1.SpecController/Connect",
+            request_serializer=None,
+            response_deserializer=None,
+        )
+        done = threading.Event()
+
+        def requests():  # sends everything, then keeps the stream open until the end
+            yield from frames
+            done.wait(60)
+
+        call = connect(requests(), timeout=60)  # responses are never read
+        wait_for(
+            lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] >= start + 4000,
+            timeout=60,
+        )
+
+        def waiting() -> list[int]:
+            return [
+                len(s.outbox.rejections)
+                for s in sc.sidecar.sessions
+                if s.engine_id == "engine-deaf"
+            ]
+
+        pending = sc.run(waiting)
+        # the stream is still open, its writes blocked by flow control: the backlog is capped
+        assert len(pending) == 1 and 0 < pending[0] <= MAX_PENDING_REJECTIONS, pending
+        done.set()
+        call.cancel()
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_engines_connected"] == 1)
+    assert good.error is None
