@@ -114,7 +114,7 @@ def test_step_time_is_split_across_rows_without_loss() -> None:
     assert data.num_rows == int(data.unit_rows.sum())
     # the fitted cost model finds the environment's per-draft cost
     np.testing.assert_allclose(data.cost.per_draft[:, 0], ENV.per_draft_s, rtol=0.15)
-    np.testing.assert_allclose(data.cost.per_spec_row[:, 0], 0.0, atol=0.0003)
+    np.testing.assert_allclose(data.cost.per_spec_row[:, 0], 0.0, atol=0.0005)
 
 
 def _dist(data: LoggedRounds, spec: str) -> np.ndarray:

@@ -119,30 +119,34 @@ class LoggedRounds:
         """(steps, 2 + 2 * drafters): what the step cost model multiplies, per step."""
         return step_features(self.step_rows, self.step_spec_rows, self.step_drafted)
 
-    def unit_cost_features(self) -> FloatArray:
+    def unit_cost_features(self, units: IntArray | None = None) -> FloatArray:
         """(units, 2 + 2 * drafters): each unit's part of its step's features (an equal
-        share of the intercept)."""
+        share of the intercept); all units, or ``units``."""
+        u = np.arange(self.num_units) if units is None else units
         nd = len(self.drafters)
-        out = np.zeros((self.num_units, 2 + 2 * nd))
-        out[:, 0] = self.unit_rows / self.step_rows[self.unit_step]
-        out[:, 1] = self.unit_rows
-        spec = np.flatnonzero(self.unit_drafter >= 0)
-        out[spec, 2 + self.unit_drafter[spec]] = self.unit_rows[spec]
-        out[spec, 2 + nd + self.unit_drafter[spec]] = self.unit_drafted[spec]
+        drafter = self.unit_drafter[u]
+        out = np.zeros((u.shape[0], 2 + 2 * nd))
+        out[:, 0] = self.unit_rows[u] / self.step_rows[self.unit_step[u]]
+        out[:, 1] = self.unit_rows[u]
+        spec = np.flatnonzero(drafter >= 0)
+        out[spec, 2 + drafter[spec]] = self.unit_rows[u][spec]
+        out[spec, 2 + nd + drafter[spec]] = self.unit_drafted[u][spec]
         return out
 
-    def attribute_seconds(self, cost: StepCostModel) -> FloatArray:
-        """Seconds per unit: each step's time split in proportion to its rows' cost under
-        ``cost`` (equally where the model predicts nothing). Equal to summing the
-        rows' shares; computed from unit totals, so the bootstrap can redo it cheaply.
+    def attribute_seconds(self, cost: StepCostModel, units: IntArray | None = None) -> FloatArray:
+        """Seconds per unit (all, or ``units``): each step's time split in proportion to
+        its rows' cost under ``cost`` (equally where the model predicts nothing).
+        Equal to summing the rows' shares; computed from unit totals, so the
+        bootstrap can redo it cheaply.
         """
         theta = cost.coefficients[self.step_bucket]
         predicted = np.einsum("sp,sp->s", self.step_features, theta)
         ok = predicted > 0.0
         scale = np.where(ok, self.step_time_s / np.where(ok, predicted, 1.0), 0.0)
-        step = self.unit_step
-        unit_cost = np.einsum("up,up->u", self.unit_cost_features(), theta[step])
-        equal = self.step_time_s[step] * self.unit_rows / self.step_rows[step]
+        u = np.arange(self.num_units) if units is None else units
+        step = self.unit_step[u]
+        unit_cost = np.einsum("up,up->u", self.unit_cost_features(units), theta[step])
+        equal = self.step_time_s[step] * self.unit_rows[u] / self.step_rows[step]
         return np.where(ok[step], unit_cost * scale[step], equal)
 
     def context_inverse_rows(self, step_weights: FloatArray | None = None) -> FloatArray:

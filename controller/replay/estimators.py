@@ -185,10 +185,11 @@ class Resample:
             return np.ones(data.num_units)
         return self.step_weights[data.unit_step]
 
-    def unit_seconds(self, data: LoggedRounds) -> FloatArray:
+    def unit_seconds(self, data: LoggedRounds, units: IntArray | None = None) -> FloatArray:
+        """Seconds per unit (all, or ``units``) as this replicate splits step time."""
         if self.step_weights is None:
-            return data.unit_seconds
-        return data.attribute_seconds(self.cost)
+            return data.unit_seconds if units is None else data.unit_seconds[units]
+        return data.attribute_seconds(self.cost, units)
 
 
 class Bootstrap:

@@ -202,7 +202,7 @@ class RejectionReplay:
 
         point = value(np.ones(units.shape[0]), data.unit_seconds[units])
         reps = np.stack(
-            [value(r.unit_weights(data)[units], r.unit_seconds(data)[units]) for r in bootstrap]
+            [value(r.unit_weights(data)[units], r.unit_seconds(data, units)) for r in bootstrap]
         )
         with np.errstate(divide="ignore", invalid="ignore"):
             goodput = reps[:, :, 0] / reps[:, :, 1]
