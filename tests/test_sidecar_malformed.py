@@ -163,8 +163,30 @@ def test_oversized_message_is_refused_and_others_are_served(sidecar_factory) -> 
         other.send(hello("other"))
         big.recv_policy()
         version = other.recv_policy().version
-        n = 20_000  # well over 64 KiB on the wire
+        n = 20_000  # well over 64 KiB on the wire, under gRPC's own cap of 4x that
         big.send(report(1, arms=["off"] * n, drafted=[0] * n, accepted=[0] * n))
+        rejected = big.recv_rejection()
+        assert rejected.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "over server.max_message_bytes=65536" in rejected.message
+        wait_for(
+            lambda: (
+                scrape(sc.metrics_url).get(
+                    'specctl_reports_rejected_total{reason="oversized"}', 0.0
+                )
+                == 1.0
+            )
+        )
+        # The stream carries on: a normal report is learned without a rejection.
+        big.send(report(2))
+        wait_for(lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] == 2.0)
+        rejected_total = sum(
+            v
+            for k, v in scrape(sc.metrics_url).items()
+            if k.startswith("specctl_reports_rejected_total")
+        )
+        assert rejected_total == 1.0
+        n = 100_000  # beyond gRPC's cap: the transport ends the stream
+        big.send(report(3, arms=["off"] * n, drafted=[0] * n, accepted=[0] * n))
         error = big.wait_closed()
         assert error is not None and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         _still_served(other, 1, version)

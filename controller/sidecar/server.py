@@ -63,6 +63,7 @@ REJECTION_LOG_INTERVAL_S = 5.0
 ADMIN_DISABLED = "admin calls are disabled; set admin.enabled"
 GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
 # Validated reports waiting to be learned; beyond this, reports are refused as overloaded.
+TRANSPORT_LIMIT_FACTOR = 4
 MAX_PENDING_REPORTS = 1024
 
 
@@ -418,7 +419,10 @@ class Sidecar:
             self.state.open()
         options = [
             ("grpc.max_send_message_length", sc.max_message_bytes),
-            ("grpc.max_receive_message_length", sc.max_message_bytes),
+            # gRPC itself refuses only what is far beyond the limit (ending the stream with
+            # RESOURCE_EXHAUSTED before specctl sees it); a report over the limit but under
+            # this cap is rejected by handle_report with a message and counted.
+            ("grpc.max_receive_message_length", TRANSPORT_LIMIT_FACTOR * sc.max_message_bytes),
             # Engines hold one stream for days, mostly idle between bursts: let them
             # ping, and ping them to notice dead peers, without ever cutting the stream.
             ("grpc.keepalive_permit_without_calls", 1),
@@ -589,6 +593,14 @@ class Sidecar:
             )
             return
         try:
+            size = report.ByteSize()
+            if size > self.config.server.max_message_bytes:
+                raise ReportError(
+                    "oversized",
+                    f"report sequence={report.sequence} is {size} bytes, over "
+                    f"server.max_message_bytes={self.config.server.max_message_bytes}: "
+                    "send fewer steps per report",
+                )
             if session.last_sequence is not None and report.sequence <= session.last_sequence:
                 raise ReportError(
                     "sequence",
