@@ -3,7 +3,8 @@
 Each step, every request samples an arm from the policy's decision for its
 (class, bucket), accepts each draft position with the class's acceptance
 rate until the first rejection, and the step takes
-``base_s + token_s * tokens + pass_s * deepest K``. The step is encoded and
+``base_s + token_s * tokens + pass_s * deepest K``, plus Gaussian noise of
+standard deviation ``noise_s`` (a loaded machine's wall-clock jitter). The step is encoded and
 validated through the real report path, so the policy sees exactly what the
 sidecar would hand it.
 """
@@ -28,6 +29,7 @@ class SyntheticEnv:
     base_s: float = 0.02
     token_s: float = 1e-4
     pass_s: float = 5e-4
+    noise_s: float = 0.0
     seed: int = 0
     rng: np.random.Generator = field(init=False)
     steps: int = field(default=0, init=False)
@@ -50,6 +52,8 @@ class SyntheticEnv:
         tokens = int((1 + ks).sum())
         depth = max((a.k for a in arms if not a.is_off), default=0)
         step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
+        if self.noise_s > 0.0:
+            step_time = max(step_time + self.noise_s * float(self.rng.standard_normal()), 1e-4)
         self.steps += 1
         record = StepRecord(
             step_index=self.steps,

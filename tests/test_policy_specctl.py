@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from controller.engine.policy_view import compile_policy
 from controller.policy.acceptance import AcceptanceModel, expected_tokens
 from controller.policy.registry import make_policy
 from controller.policy.thompson import SpecctlPolicy, tracking_bound_steps
+from controller.policy.truncated import nonnegative_draws
 
 NGRAM = {"ngram": 6}
 
@@ -265,6 +267,46 @@ def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
     for _ in range(bound):
         env.run_step(policy, "chat", 2, 64)
     assert mode_k(policy, "chat", 2) >= 3, policy.select_action("chat", 2)
+
+
+def test_zero_acceptance_with_noisy_step_times_stays_off() -> None:
+    """Speculation that accepts nothing and costs a little more is not handed half the draws.
+
+    Step times jitter by 10% (a loaded machine) while K=1 costs 4% more than off: the
+    extra cost stays uncertain around small values, and a draw that says it is zero
+    must not let the hair of extra tokens the acceptance prior promises beat off.
+    """
+    policy = specctl()
+    env = SyntheticEnv(
+        drafters=NGRAM,
+        acceptance={"ngram": 0.0},
+        base_s=0.04,
+        token_s=1e-4,
+        pass_s=2e-4,
+        noise_s=0.004,
+    )
+    p_off, expected_k = [], []
+    for step in range(1200):
+        _batch, decision, _arms = env.run_step(policy, "chat", 1, 16)
+        if step >= 800:
+            p_off.append(decision.probability_of(OFF))
+            expected_k.append(sum(a.k * decision.probability_of(a) for a in decision.arms))
+    assert float(np.mean(p_off)) >= 0.85, (np.mean(p_off), policy.evidence("chat", 1))
+    assert float(np.mean(expected_k)) <= 0.3, np.mean(expected_k)
+
+
+@pytest.mark.parametrize(("mean", "sd"), [(0.0, 1.0), (1.0, 1.0), (-2.0, 0.5), (-8.0, 1.0)])
+def test_nonnegative_draws_follow_the_truncated_normal(mean: float, sd: float) -> None:
+    z = np.random.default_rng(0).standard_normal(200_000)
+    draws = nonnegative_draws(np.array(mean), np.array(sd), z)
+    assert draws.min() >= 0.0
+    # the same quantile: larger z, larger draw
+    order = np.argsort(z)
+    assert (np.diff(draws[order]) >= 0.0).all()
+    a = mean / sd
+    density = math.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi)
+    expected = mean + sd * density / (0.5 * math.erfc(-a / math.sqrt(2.0)))
+    assert float(draws.mean()) == pytest.approx(expected, rel=0.02)
 
 
 def test_step_change_in_acceptance_is_followed_within_the_documented_bound() -> None:

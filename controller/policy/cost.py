@@ -25,11 +25,14 @@ deviation such that the term could move a typical step of the bucket by
 gets tight, so a direction the data cannot see (a drafter's per-request cost
 while every step ran it) stays uncertain, and Thompson sampling tries ``off``
 to find out. The noise variance is estimated from the residuals (at the
-previous fit). Sufficient statistics decay like the acceptance counts
-(``discount`` per step in the bucket).
+previous fit). Sufficient statistics decay by ``discount`` per step in the
+bucket (the policy's ``cost_discount``).
 
-Monotone in K: the policy takes, per posterior draw, the running maximum of
-the predicted step time over K = 0 (off), 1, 2, ... of each drafter.
+Non-negative and monotone in K: per posterior draw, the policy draws each
+speculative arm's extra step time over ``off`` from its Gaussian posterior
+conditioned on being >= 0 (:mod:`controller.policy.truncated`), then takes
+the running maximum of the step time over K = 0 (off), 1, 2, ... of each
+drafter.
 Clipping each coefficient at zero instead breaks the cancellations between
 correlated coefficients (per token and per draft token move together) and
 inflates the cost of long drafts; it did worse in the simulator.

@@ -29,14 +29,27 @@ probability matching, with the sampling done by the engines. Why this rule:
 The posterior probabilities are computed by Monte Carlo with ``num_samples``
 draws per context. Each position's Beta posterior is drawn through its
 logit-normal (delta-method) approximation, and the cost coefficients from
-their Gaussian posterior, with each draw's step time made monotone in K. The standard
+their Gaussian posterior. Each speculative arm's extra step time over ``off``
+is drawn from its posterior conditioned on being non-negative
+(:mod:`controller.policy.truncated`), then each draw is made monotone in K.
+Clipping that extra time at zero instead made speculation exactly free in
+every draw that put it below zero, where the hair of extra tokens the
+acceptance prior still promises at zero acceptance beat ``off``: with a
+small, noisy extra cost about half the draws went to speculating arms, a
+bias that no amount of data removed. The standard
 normal draws are fixed at construction from ``seed`` (common random numbers):
 decisions are deterministic given the reports, and a distribution moves only
 when the evidence does, not with sampling noise, so the sidecar pushes
 (changes beyond its threshold) only on real changes.
 
-Decay bound. Evidence is discounted by ``discount`` per step that carried
-the class (acceptance) or the bucket (cost). After n such steps old evidence
+Decay bound. Acceptance evidence is discounted by ``discount`` per step
+that carried the class; step-time evidence by ``cost_discount`` (0.998, about
+1,150 steps to 10%) per step in the bucket. Step times are noisy (a loaded
+machine's wall clock) while a step's cost structure changes only with the
+engine, so the cost model keeps a longer memory: at 0.99, a few seconds of a
+fast engine, the fitted extra cost of speculation flapped from tick to tick.
+A change in load moves steps to another bucket rather than waiting for this
+memory to fade. After n of the class's steps old acceptance evidence
 keeps at most ``discount ** n`` of its weight (less when the class is busy
 enough for the ``max_rounds`` cap to bind), so after a step change every
 estimate is within that fraction of the old-to-new gap (plus the prior's
@@ -83,6 +96,7 @@ from controller.policy.params import (
     parse_config,
     real,
 )
+from controller.policy.truncated import nonnegative_draws
 from controller.steps import StepBatch
 
 _MIN_STEP_TIME_S = 1e-6
@@ -94,6 +108,7 @@ class SpecctlConfig:
     """Parameters of :class:`SpecctlPolicy` (all optional)."""
 
     discount: float = 0.99
+    cost_discount: float = 0.998
     probe_budget: float = 0.02
     probe_k: int = 1
     switch_off_confidence: float = 0.95
@@ -115,6 +130,7 @@ class SpecctlConfig:
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
             "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
+            "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
             "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
             "probe_k": integer("probe_k", self.probe_k, 1, MAX_K),
             "switch_off_confidence": real(
@@ -190,7 +206,7 @@ class SpecctlPolicy(Policy):
         self.cost = CostModel(
             self.num_buckets,
             cfg.max_drafters,
-            discount=cfg.discount,
+            discount=cfg.cost_discount,
             prior_step_s=cfg.prior_step_s,
             prior_token_s=cfg.prior_token_s,
             prior_spread=cfg.prior_cost_spread,
@@ -498,15 +514,24 @@ class SpecctlPolicy(Policy):
         theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
         step_time = theta @ features.T.astype(np.float32)
+        # each speculative arm's extra step time over off is drawn from its Gaussian
+        # posterior conditioned on being >= 0 (see truncated): speculation never makes a
+        # step cheaper, and clipping at off instead would make an arm free in every draw
+        # that says it is cheaper, where a hair of extra tokens then beats off
+        for chain in self._k_chains:
+            spec = chain[1:]
+            extra = features[spec] - features[0]
+            scale = extra @ factor
+            sd = np.maximum(np.sqrt((scale * scale).sum(axis=1)), 1e-12)
+            z = self._z_cost.astype(np.float64) @ (scale / sd[:, None]).T
+            step_time[:, spec] = step_time[:, :1] + nonnegative_draws(extra @ theta_mean, sd, z)
         # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
-        # posterior mean: the Gaussian posterior knows nothing of step times being positive,
-        # and along directions the data cannot see (a drafter's per-request cost while off
-        # never ran) it would otherwise promise near-zero step times
+        # posterior mean: the Gaussian posterior knows nothing of step times being positive
         floor = np.maximum(features @ theta_mean / _MAX_SPEEDUP_OF_DRAW, _MIN_STEP_TIME_S)
         np.maximum(step_time, floor.astype(np.float32), out=step_time)
-        # each draw's step time never decreases with K (off counting as K=0): a monotone
-        # envelope rather than clipped coefficients, which would break the cancellations
-        # between correlated coefficients and inflate long drafts' cost
+        # each draw's step time never decreases with K: a monotone envelope rather than
+        # clipped coefficients, which would break the cancellations between correlated
+        # coefficients and inflate long drafts' cost
         for chain in self._k_chains:
             step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
         self._step_times[bucket] = (version, batch_size, step_time)
