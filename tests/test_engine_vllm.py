@@ -286,3 +286,73 @@ def test_sidecar_sigkill_mid_generation_then_restart(llm: Any, sidecar: SidecarP
     d1, _ = _spec_counters(llm)
     assert [len(t) for t in tokens] == [48] * 8
     assert d1 == d0, "the engine still drafts: it did not apply the new sidecar's policy"
+
+
+def _learned(sidecar: SidecarProcess) -> dict[tuple[str, int], tuple[float, dict[str, float]]]:
+    """Per (class, bucket) with evidence: effective rounds and the arm probabilities."""
+    out = {}
+    for ce in sidecar.evidence().classes:
+        if ce.rounds > 0:
+            out[(ce.workload_class, ce.load_bucket)] = (
+                ce.rounds,
+                {a.arm: a.probability for a in ce.arms},
+            )
+    return out
+
+
+def _wait_connected(sidecar: SidecarProcess) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sidecar.metric("specctl_engines_connected") < 1:
+        time.sleep(0.2)
+    assert sidecar.metric("specctl_engines_connected") >= 1, "the engine did not reconnect"
+
+
+def test_sigkill_under_load_then_restart_resumes_the_learned_policy(
+    llm: Any, sidecar: SidecarProcess
+) -> None:
+    state = sidecar.workdir / "state"
+    config = f'[state]\ndir = "{state}"\nsnapshot_interval_s = 0.5\nlog_flush_interval_s = 0.2\n'
+    sidecar.kill()
+    sidecar.start(policy="specctl", config=config)
+    _wait_connected(sidecar)
+    tokens, _ = _generate(
+        llm,
+        _prompts(24, 900),
+        _params("greedy", 12, 64) + _params("hot", 12, 64, seed0=900),
+    )
+    assert [len(t) for t in tokens] == [64] * 24
+    time.sleep(1.5)  # past a snapshot and a log flush: what a SIGKILL may lose is older
+    before = _learned(sidecar)
+    assert {c for c, _ in before} >= {"greedy", "hot"}, before
+
+    # Killed while requests are running: none of them fails.
+    n, max_tokens = 16, 300
+    result: dict[str, Any] = {}
+
+    def generate() -> None:
+        result["tokens"], _ = _generate(
+            llm,
+            _prompts(n, 950),
+            _params("greedy", n // 2, max_tokens) + _params("hot", n // 2, max_tokens, seed0=950),
+        )
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    time.sleep(0.5)
+    sidecar.kill()
+    worker.join(timeout=600)
+    assert [len(t) for t in result["tokens"]] == [max_tokens] * n
+
+    # Restarted without operator action: the learned state is back, not the prior.
+    sidecar.start(policy="specctl", config=config)
+    _wait_connected(sidecar)
+    after = _learned(sidecar)
+    for context, (rounds, _) in before.items():
+        assert context in after, f"{context} was forgotten across the restart"
+        # The snapshot and the log tail bring back at least what was learned before the
+        # load that preceded the kill (that load only adds evidence, discounted).
+        assert after[context][0] >= 0.5 * rounds, (context, rounds, after[context][0])
+    events = [json.loads(line) for line in sidecar.log_path.read_text().splitlines() if line]
+    assert any(e.get("event") == "state_restored" for e in events), [
+        e.get("event") for e in events
+    ][:20]
