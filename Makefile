@@ -11,8 +11,12 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: venv system-deps test lint demo proto clean
 
 venv: $(STAMP)
+	@# Whatever put them back (a manual pip install), the CUDA builds of these must go.
+	@if $(PY) -c "import importlib.util as u, sys; sys.exit(not any(u.find_spec(m) for m in ('torchvision', 'torchaudio', 'torchcodec')))"; then \
+		$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec; \
+	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[vllm,dev]'

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
+from sidecar_support import wait_for
 
-from controller.api import pb
+from controller.api import pb, pb_grpc
 from controller.cli import main
 from controller.sim.grpc_link import simulate_against
 from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, build_scenarios
@@ -42,7 +44,22 @@ def test_simulate_command_feeds_the_learning_policy(sidecar_factory, capsys) -> 
     out = capsys.readouterr().out
     assert "qwen3-8b (Qwen/Qwen3-8B): 400 steps" in out and ", 0 rejected" in out
     assert sum(line.strip().startswith(("gsm8k", "math500")) for line in out.splitlines()) == 2
-    evidence: pb.GetEvidenceResponse = sidecar.sidecar.book.evidence("math500")
+    # Reports are learned a moment after they arrive (the sidecar's next learning round):
+    # ask through the evidence call, as an operator would, until math500 is known.
+    channel = grpc.insecure_channel(sidecar.address)
+    stub = pb_grpc.SpecControllerStub(channel)
+
+    def math500_known() -> bool:
+        try:
+            stub.GetEvidence(pb.GetEvidenceRequest(workload_class="math500"), timeout=5)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND
+            return False
+        return True
+
+    wait_for(math500_known)
+    evidence = stub.GetEvidence(pb.GetEvidenceRequest(workload_class="math500"), timeout=5)
+    channel.close()
     assert sum(c.rounds for c in evidence.classes) > 0
     assert np.isfinite([a.goodput for c in evidence.classes for a in c.arms]).all()
 
