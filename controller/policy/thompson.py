@@ -43,13 +43,12 @@ when the evidence does, not with sampling noise, so the sidecar pushes
 (changes beyond its threshold) only on real changes.
 
 Decay bound. Acceptance evidence is discounted by ``discount`` per step
-that carried the class; step-time evidence by ``cost_discount`` (0.998, about
-1,150 steps to 10%) per step in the bucket. Step times are noisy (a loaded
-machine's wall clock) while a step's cost structure changes only with the
-engine, so the cost model keeps a longer memory: at 0.99, a few seconds of a
-fast engine, the fitted extra cost of speculation flapped from tick to tick.
-A change in load moves steps to another bucket rather than waiting for this
-memory to fade. After n of the class's steps old acceptance evidence
+that carried the class; step-time evidence by ``cost_discount`` (also 0.99)
+per step in the bucket. A longer cost memory (0.998) steadies the fitted
+extra cost of speculation under noisy wall-clock step times and did better
+in the simulator, but on the real CPU engine it kept a poor early fit long
+enough to hold a class with 45% acceptance on ``off``; it is a parameter,
+not the default. After n of the class's steps old acceptance evidence
 keeps at most ``discount ** n`` of its weight (less when the class is busy
 enough for the ``max_rounds`` cap to bind), so after a step change every
 estimate is within that fraction of the old-to-new gap (plus the prior's
@@ -108,7 +107,7 @@ class SpecctlConfig:
     """Parameters of :class:`SpecctlPolicy` (all optional)."""
 
     discount: float = 0.99
-    cost_discount: float = 0.998
+    cost_discount: float = 0.99
     probe_budget: float = 0.02
     probe_k: int = 1
     switch_off_confidence: float = 0.95
