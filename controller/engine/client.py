@@ -110,7 +110,13 @@ class SidecarClient:
         self._thread.start()
 
     def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued, half-close the stream, and stop; cancel after ``timeout_s``.
+
+        Cancelling at once would lose the reports still in gRPC's send window.
+        """
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
         call = self._call
         if call is not None:
             call.cancel()
@@ -193,7 +199,10 @@ class SidecarClient:
         yield pb.EngineMessage(status=self._status())
         sequence = 0
         interval = self.config.report_interval_s
-        while not done.wait(interval):
+        while not done.is_set():
+            # close() wakes this at once: send what is queued, then end the request
+            # stream, so the sidecar reads every report before the stream closes.
+            stopping = self._stop.wait(interval)
             self._check_age()
             queue = self.queue
             while queue:
@@ -209,6 +218,8 @@ class SidecarClient:
             if key != last_status or now - last_status_at >= STATUS_INTERVAL_S:
                 last_status, last_status_at = key, now
                 yield pb.EngineMessage(status=self._status())
+            if stopping:
+                return
 
     def _run(self) -> None:
         backoff = self.config.reconnect_min_s
