@@ -18,11 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import OFF, Arm
-from controller.policy.base import Decision, Policy
+from controller.policy.base import Decision
 from controller.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, parse_config, real
-from controller.policy.rewards import ArmRewards
-from controller.steps import StepBatch
+from controller.policy.rewards import IndependentArmsPolicy
 
 
 @dataclass(frozen=True)
@@ -39,20 +37,12 @@ class UcbConfig:
         object.__setattr__(self, "load_bucket_bounds", bucket_bounds(self.load_bucket_bounds))
 
 
-class BanditSpecUcbPolicy(Policy):
+class BanditSpecUcbPolicy(IndependentArmsPolicy):
     policy_name = "banditspec-ucb"
 
     def __init__(self, config: UcbConfig | None = None) -> None:
         self.config = config or UcbConfig()
-        self.num_buckets = len(self.config.load_bucket_bounds) + 1
-        self.rewards = ArmRewards(self.num_buckets, self.config.discount)
-        self._arms: tuple[Arm, ...] = (OFF,)
-
-    def set_arms(self, arms: Sequence[Arm]) -> None:
-        self._arms = (OFF, *dict.fromkeys(a for a in arms if not a.is_off))
-
-    def update_params(self, batch: StepBatch) -> None:
-        self.rewards.update(batch)
+        super().__init__(self.config.load_bucket_bounds, self.config.discount)
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         pulls, means = self.rewards.pulls_and_means((workload_class, load_bucket), self._arms)
@@ -68,9 +58,6 @@ class BanditSpecUcbPolicy(Policy):
         best = int(np.argmax(index))
         arm = self._arms[best]
         return Decision.point(arm, f"ucb: {arm} index {index[best]:.3f}, {pulls[best]:.0f} pulls")
-
-    def reset_class(self, workload_class: str) -> None:
-        self.rewards.reset_class(workload_class)
 
 
 def make_banditspec_ucb(params: Mapping[str, Any]) -> BanditSpecUcbPolicy:

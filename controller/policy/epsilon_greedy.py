@@ -14,11 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import OFF, Arm
-from controller.policy.base import Decision, Policy
+from controller.policy.base import Decision
 from controller.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, parse_config, real
-from controller.policy.rewards import ArmRewards
-from controller.steps import StepBatch
+from controller.policy.rewards import IndependentArmsPolicy
 
 
 @dataclass(frozen=True)
@@ -36,20 +34,12 @@ class EpsilonGreedyConfig:
         object.__setattr__(self, "load_bucket_bounds", bucket_bounds(self.load_bucket_bounds))
 
 
-class EpsilonGreedyPolicy(Policy):
+class EpsilonGreedyPolicy(IndependentArmsPolicy):
     policy_name = "epsilon-greedy"
 
     def __init__(self, config: EpsilonGreedyConfig | None = None) -> None:
         self.config = config or EpsilonGreedyConfig()
-        self.num_buckets = len(self.config.load_bucket_bounds) + 1
-        self.rewards = ArmRewards(self.num_buckets, self.config.discount)
-        self._arms: tuple[Arm, ...] = (OFF,)
-
-    def set_arms(self, arms: Sequence[Arm]) -> None:
-        self._arms = (OFF, *dict.fromkeys(a for a in arms if not a.is_off))
-
-    def update_params(self, batch: StepBatch) -> None:
-        self.rewards.update(batch)
+        super().__init__(self.config.load_bucket_bounds, self.config.discount)
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         pulls, means = self.rewards.pulls_and_means((workload_class, load_bucket), self._arms)
@@ -66,9 +56,6 @@ class EpsilonGreedyPolicy(Policy):
             f"epsilon-greedy: {self._arms[best]} mean {means[best]:.1f} tok/s per request, "
             f"epsilon {eps:g}",
         )
-
-    def reset_class(self, workload_class: str) -> None:
-        self.rewards.reset_class(workload_class)
 
 
 def make_epsilon_greedy(params: Mapping[str, Any]) -> EpsilonGreedyPolicy:

@@ -9,9 +9,12 @@ observation is the mean over the rows that ran the arm in one step, so a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from controller.arms import Arm
+from controller.arms import OFF, Arm
+from controller.policy.base import Policy
 from controller.steps import StepBatch
 
 
@@ -87,3 +90,21 @@ class ArmRewards:
     def reset_class(self, workload_class: str) -> None:
         for b in range(self.num_buckets):
             self.stats.pop((workload_class, b), None)
+
+
+class IndependentArmsPolicy(Policy):
+    """What UCB and epsilon-greedy share: a goodput mean per offered arm and context."""
+
+    def __init__(self, load_bucket_bounds: Sequence[int], discount: float) -> None:
+        self.num_buckets = len(load_bucket_bounds) + 1
+        self.rewards = ArmRewards(self.num_buckets, discount)
+        self._arms: tuple[Arm, ...] = (OFF,)
+
+    def set_arms(self, arms: Sequence[Arm]) -> None:
+        self._arms = (OFF, *dict.fromkeys(a for a in arms if not a.is_off))
+
+    def update_params(self, batch: StepBatch) -> None:
+        self.rewards.update(batch)
+
+    def reset_class(self, workload_class: str) -> None:
+        self.rewards.reset_class(workload_class)
