@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/policy_bench.py [--out DIR] [--seed 0]
 
-Runs `specctl bench` on every scenario (every registered policy, and the
-oracle, no-speculation and best-static references): each target and drift
+Runs `specctl bench` on every scenario (every registered policy, the peers
+both as shipped and tuned in hindsight, and the oracle, no-speculation and
+best-static references): each target and drift
 and load-swing at 20,000 steps, the 100-class long tail at 10,000 steps with
 a report every 32 steps (the learning policies' cost grows with the number of
 classes). Writes DIR/<run>.json and DIR/plots/, then prints the README's

@@ -10,8 +10,20 @@ registered policies, three references run:
 - ``best-static``: the single arm, for every class, with the highest expected
   goodput over the whole scenario, chosen in hindsight from the ground truth.
 
-``static:<arm>`` runs one fixed arm (``static:dflash/k=7``). Baselines that need
-a drafter, a K or a batch table get them from :func:`baseline_params`.
+``static:<arm>`` runs one fixed arm (``static:dflash/k=7``).
+
+The peers run in two variants (:func:`policy_variant`):
+
+- ``<name>``, *as shipped* (:func:`shipped_params`): what a user gets without a
+  sweep, the engine's configured K (the drafter offered first at its longest
+  offered K, i.e. the engine's ``num_speculative_tokens``) and each system's
+  own documented defaults;
+- ``<name>@tuned``, *tuned in hindsight* (:func:`baseline_params`): configured
+  from the same sweep the simulator runs on, for the peers that take a drafter,
+  a K or a table (``sglang-ema``, ``trtllm-threshold``, ``vllm-batch-table``).
+
+``specctl`` is labelled ``learning`` (its defaults, nothing configured), the
+references ``reference``.
 
 Goodput is committed tokens per second of engine time; per class, over the
 time charged to that class's requests (:mod:`.engine`). Ratios compare runs
@@ -38,6 +50,11 @@ from controller.sim.oracle import OraclePolicy
 from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 
 REFERENCES = ("oracle", "static-off", "best-static")
+TUNED_SUFFIX = "@tuned"
+# peers with a configuration to tune in hindsight (drafter, K, table, cap)
+TUNABLE = ("sglang-ema", "trtllm-threshold", "vllm-batch-table")
+LEARNING = ("specctl",)
+VARIANTS = ("as-shipped", "tuned-in-hindsight", "reference", "learning")
 ADAPT_WITHIN = 0.05  # "back within 5% of the oracle"
 ADAPT_WINDOW_BLOCKS = 5  # trailing window for time-to-adapt, in accounting blocks
 REGRET_WINDOWS = 40
@@ -47,10 +64,48 @@ Progress = Callable[[str], None]
 
 
 def default_policies() -> list[str]:
-    """specctl first, then every other registered policy that builds without parameters."""
-    names = [n for n in POLICIES if n != "static"]
-    names.sort(key=lambda n: (n != "specctl", n))
+    """specctl first, then every other registered policy as shipped, each tunable peer
+    followed by its ``@tuned`` variant, then the references."""
+    names: list[str] = []
+    for n in sorted((n for n in POLICIES if n != "static"), key=lambda n: (n != "specctl", n)):
+        names.append(n)
+        if n in TUNABLE:
+            names.append(n + TUNED_SUFFIX)
     return [*names, *REFERENCES]
+
+
+def base_policy(name: str) -> str:
+    """The registered policy behind a bench name (``sglang-ema@tuned`` -> ``sglang-ema``)."""
+    return name.removesuffix(TUNED_SUFFIX)
+
+
+def policy_variant(name: str) -> str:
+    """``reference``, ``learning``, ``tuned-in-hindsight`` or ``as-shipped``."""
+    if name in REFERENCES or name.startswith("static:"):
+        return "reference"
+    if name.endswith(TUNED_SUFFIX):
+        return "tuned-in-hindsight"
+    if name in LEARNING:
+        return "learning"
+    return "as-shipped"
+
+
+def check_policy_name(name: str) -> None:
+    """Raise ValueError unless the bench can run ``name``."""
+    if name in REFERENCES:
+        return
+    if name.startswith("static:"):
+        parse_arm(name.removeprefix("static:"))  # ArmError is a ValueError
+        return
+    base = base_policy(name)
+    if base not in POLICIES or base == "static":
+        known = [*default_policies(), "static:<arm>"]
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}")
+    if name.endswith(TUNED_SUFFIX) and base not in TUNABLE:
+        raise ValueError(
+            f"{base} has no {TUNED_SUFFIX} variant (nothing to tune in hindsight); "
+            f"tunable: {', '.join(TUNABLE)}"
+        )
 
 
 def best_static_arm(scenario: Scenario) -> Arm:
@@ -99,8 +154,85 @@ def _mix_goodput(scenario: Scenario, batch: int) -> FloatArray:
 TABLE_BATCHES = (1, 8, 16, 32, 64, 128, 256, 512)
 
 
+# The peers' own defaults, for the as-shipped variant (see shipped_params).
+SGLANG_CANDIDATE_STEPS = (1, 3, 7)
+SGLANG_EMA_DEFAULTS: dict[str, Any] = {
+    "ema_alpha": 0.2,
+    "update_interval": 5,
+    "warmup_batches": 10,
+    "down_hysteresis": -0.25,
+    "up_hysteresis": 0.0,
+}
+VLLM_DEFAULT_TABLE: dict[str, int] = {"1": 4, "16": 2, "64": 0}
+
+
+def engine_arm(scenario: Scenario) -> Arm:
+    """The engine's configured arm: the drafter offered first at its longest offered K
+    (an engine's ``num_speculative_tokens``); ``off`` if nothing is offered."""
+    drafters = scenario.model.drafters
+    if not drafters:
+        return OFF
+    drafter, k = next(iter(drafters.items()))
+    return Arm(drafter, k)
+
+
+def shipped_params(name: str, scenario: Scenario) -> dict[str, Any]:
+    """The peers as shipped: the engine's configured arm and each system's own defaults.
+
+    No sweep, no profile: what a user who turns the feature on gets.
+
+    - ``sglang-ema``: SGLang's adaptive speculative decoding
+      (``--speculative-adaptive``; ``AdaptiveSpeculativeParams`` in SGLang's
+      ``python/sglang/srt/speculative/adaptive_spec_params.py``). Candidate steps
+      ``[1, 3, 7]``, with the configured ``--speculative-num-steps`` added when it
+      is not one of them (the initial tier is the configured steps), here capped
+      by the drafter's longest offered K; EMA defaults ``ema_alpha`` 0.2,
+      ``update_interval`` 5, ``warmup_batches`` 10, ``down_hysteresis`` -0.25,
+      ``up_hysteresis`` 0. (Later SGLang versions ship a per-batch-size ladder
+      by default instead, ``[1, 3, 5, 7]`` at batch 1 and shorter ones above,
+      the newest with 0 (no speculation) from batch 8; the single ladder is what
+      this policy models. SGLang enables adaptive only for EAGLE/EAGLE3; here it
+      applies to the first drafter, whatever it is.)
+    - ``trtllm-threshold``: TensorRT-LLM's ``DecodingBaseConfig``
+      (``tensorrt_llm/llmapi/llm_args.py``): ``acceptance_window`` and
+      ``acceptance_length_threshold`` default to None, which disables the
+      ``SpeculationGate``, and ``max_concurrency`` defaults to None
+      ("speculation will always be on"). As shipped it is a fixed arm, the
+      configured ``max_draft_len``. The gate is disabled here with
+      ``acceptance_length_threshold`` 0: a mean accepted length is never below 0.
+    - ``vllm-batch-table``: vLLM's ``num_speculative_tokens_per_batch_size``
+      (``vllm/config/speculative.py``) defaults to None, a fixed K; Dynamic SD
+      needs a table the user writes. As shipped it gets the policy's own
+      documented default table ``{1: 4, 16: 2, 64: 0}``
+      (:class:`~controller.policy.vllm_table.BatchTableConfig`), K capped by
+      the configured K as vLLM caps it. (vLLM's documentation example is
+      ``[[1, 64, 3], [65, 128, 1], [129, 512, 0]]``.)
+    - ``banditspec-ucb``, ``epsilon-greedy``: their defaults (UCB1 with
+      ``exploration`` 1 and no discount; ``epsilon`` 0.1, no discount). They take
+      no drafter or K and have no tuned variant.
+    """
+    arm = engine_arm(scenario)
+    if arm.is_off:
+        return {}
+    if name == "sglang-ema":
+        steps = sorted({min(k, arm.k) for k in SGLANG_CANDIDATE_STEPS} | {arm.k})
+        if len(steps) < 2:  # a drafter offered at K=1 only: every tier runs K=1
+            steps = sorted({*SGLANG_CANDIDATE_STEPS, arm.k})
+        return {
+            "drafter": arm.drafter,
+            "candidate_steps": steps,
+            "initial_steps": arm.k,
+            **SGLANG_EMA_DEFAULTS,
+        }
+    if name == "trtllm-threshold":
+        return {"arm": arm.name, "acceptance_length_threshold": 0.0}
+    if name == "vllm-batch-table":
+        return {"drafter": arm.drafter, "table": dict(VLLM_DEFAULT_TABLE)}
+    return {}
+
+
 def baseline_params(name: str, scenario: Scenario) -> dict[str, Any]:
-    """The baselines configured as a careful operator would, from the same sweep.
+    """The baselines tuned in hindsight, as a careful operator would from the same sweep.
 
     The drafter and K are those of the best static arm at the table's
     operating point; vLLM's batch-size table and TensorRT-LLM's concurrency
@@ -135,16 +267,28 @@ def baseline_params(name: str, scenario: Scenario) -> dict[str, Any]:
     return {}
 
 
+def policy_params(name: str, scenario: Scenario) -> dict[str, Any]:
+    """The parameters a bench policy runs with (for a reference, its arm if it has one)."""
+    if name == "oracle":
+        return {}
+    if name == "static-off":
+        return {"arm": OFF.name}
+    if name == "best-static":
+        return {"arm": best_static_arm(scenario).name}
+    if name.startswith("static:"):
+        return {"arm": parse_arm(name.removeprefix("static:")).name}
+    if name.endswith(TUNED_SUFFIX):
+        return baseline_params(base_policy(name), scenario)
+    return shipped_params(name, scenario)
+
+
 def build_policy(name: str, scenario: Scenario, world: World) -> Policy:
+    check_policy_name(name)
     if name == "oracle":
         return OraclePolicy(world)
-    if name == "static-off":
-        return StaticPolicy(OFF)
-    if name == "best-static":
-        return StaticPolicy(best_static_arm(scenario))
-    if name.startswith("static:"):
-        return StaticPolicy(parse_arm(name.removeprefix("static:")))
-    return make_policy(name, baseline_params(name, scenario))
+    if policy_variant(name) == "reference":
+        return StaticPolicy(parse_arm(policy_params(name, scenario)["arm"]))
+    return make_policy(base_policy(name), policy_params(name, scenario))
 
 
 def run_policy(
@@ -350,6 +494,8 @@ def run_scenario(
     progress: Progress | None = None,
 ) -> ScenarioResult:
     names = list(dict.fromkeys([*policies, *REFERENCES]))
+    for name in names:
+        check_policy_name(name)
     runs = {
         name: run_policy(scenario, name, seed=seed, report_every=report_every, progress=progress)
         for name in names
@@ -366,13 +512,20 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def benchmark_json(
     scenario_name: str, results: Sequence[ScenarioResult], *, steps: int, seed: int
 ) -> dict[str, Any]:
-    """The benchmark's JSON: ``policies`` keyed by policy name, means over the scenario runs."""
+    """The benchmark's JSON: ``policies`` keyed by policy name, means over the scenario runs.
+
+    Each policy entry carries its ``variant`` (:func:`policy_variant`) and, per
+    scenario run, the ``params`` it ran with (:func:`policy_params`).
+    """
     names = list(results[0].summary) if results else []
+    params = {(n, r.scenario.name): policy_params(n, r.scenario) for n in names for r in results}
     policies: dict[str, Any] = {}
     for name in names:
         per_run = {r.scenario.name: r.summary[name] for r in results}
         adapt = [a["steps_to_adapt"] for s in per_run.values() for a in s["adaptation"]]
         policies[name] = {
+            "variant": policy_variant(name),
+            "params": {r.scenario.name: params[name, r.scenario.name] for r in results},
             "goodput_vs_oracle": _mean([s["goodput_vs_oracle"] for s in per_run.values()]),
             "goodput_vs_no_spec": _mean([s["goodput_vs_no_spec"] for s in per_run.values()]),
             "goodput_vs_best_static": _mean(
@@ -396,10 +549,12 @@ def benchmark_json(
                 "target": r.scenario.model.target,
                 "classes": list(r.scenario.model.classes),
                 "best_static_arm": r.best_static.name,
+                "engine_arm": engine_arm(r.scenario).name,
                 "baseline_params": {
-                    n: baseline_params(n, r.scenario)
+                    n: params[n, r.scenario.name]
                     for n in names
-                    if baseline_params(n, r.scenario)
+                    if policy_variant(n) in ("as-shipped", "tuned-in-hindsight")
+                    and params[n, r.scenario.name]
                 },
                 "events": [_event_json(e) for e in r.scenario.events],
             }

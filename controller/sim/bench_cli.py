@@ -6,6 +6,11 @@ static arm, regret over time, how often each arm ran, and the steps to adapt
 after acceptance events. Scenarios: targets (each of the study's targets),
 qwen3-8b, drift, load-swing, long-tail, all; or `--table CSV` for your own
 sweep in the appendix's columns.
+
+The peers run as shipped (``sglang-ema``: the engine's configured K and the
+system's own defaults) and, where they have a configuration to tune, tuned in
+hindsight from the same sweep (``sglang-ema@tuned``); see
+:mod:`controller.sim.bench`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default="",
-        help="comma-separated policies (default: every registered one); "
+        help="comma-separated policies (default: every registered one, each peer as "
+        "shipped and, where it has a configuration to tune, as NAME@tuned, tuned in "
+        "hindsight, e.g. sglang-ema,sglang-ema@tuned; static:ARM runs one arm); "
         "oracle, static-off and best-static always run",
     )
     parser.add_argument("--table", type=Path, help="a sweep CSV in the appendix's columns")
@@ -41,7 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.sim.bench import benchmark_json, default_policies, run_scenario
+    from controller.sim.bench import (
+        benchmark_json,
+        check_policy_name,
+        default_policies,
+        run_scenario,
+    )
     from controller.sim.scenario import build_scenarios
 
     if args.steps < 100:
@@ -54,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
             if args.policies
             else default_policies()
         )
+        for name in policies:
+            check_policy_name(name)
     except ValueError as exc:
         print(f"specctl bench: {exc}", file=sys.stderr)
         return 2
@@ -97,19 +111,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_table(out: dict) -> str:
-    """One line per (scenario run, policy): the headline ratios."""
-    lines = [f"{'run':<34} {'policy':<18} {'vs oracle':>9} {'vs off':>7} {'vs static':>9}"]
+    """One line per (scenario run, policy): the headline ratios, and the policy's variant."""
+    head = f"{'policy':<24} {'vs oracle':>9} {'vs off':>7}"
+    lines = [f"{'run':<34} {head} {'vs static':>9}  variant"]
     for name, p in out["policies"].items():
         for run_name, r in p["runs"].items():
             lines.append(
-                f"{run_name:<34} {name:<18} {_fmt(r['goodput_vs_oracle']):>9} "
-                f"{_fmt(r['goodput_vs_no_spec']):>7} {_fmt(r['goodput_vs_best_static']):>9}"
+                f"{run_name:<34} {name:<24} {_fmt(r['goodput_vs_oracle']):>9} "
+                f"{_fmt(r['goodput_vs_no_spec']):>7} {_fmt(r['goodput_vs_best_static']):>9}  "
+                f"{p['variant']}"
             )
     lines.append("")
-    lines.append(f"{'mean over runs':<34} {'policy':<18} {'vs oracle':>9} {'vs off':>7}")
+    lines.append(f"{'mean over runs':<34} {head}")
     for name, p in out["policies"].items():
         lines.append(
-            f"{'':<34} {name:<18} {_fmt(p['goodput_vs_oracle']):>9} "
+            f"{'':<34} {name:<24} {_fmt(p['goodput_vs_oracle']):>9} "
             f"{_fmt(p['goodput_vs_no_spec']):>7}"
         )
     return "\n".join(lines)

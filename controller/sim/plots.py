@@ -6,7 +6,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from controller.sim.bench import ScenarioResult
+from controller.sim.bench import ScenarioResult, policy_variant
+
+# bar colour by variant: ours, peers as shipped, peers tuned in hindsight, references
+_COLOURS = {"learning": "C0", "as-shipped": "C1", "tuned-in-hindsight": "C7", "reference": "C2"}
 
 
 def _slug(name: str) -> str:
@@ -26,7 +29,7 @@ def write_plots(results: Sequence[ScenarioResult], directory: Path) -> list[Path
         names = list(r.summary)
         values = [r.summary[n]["goodput_vs_oracle"] or 0.0 for n in names]
         fig, ax = plt.subplots(figsize=(8, 4))
-        ax.barh(names, values, color=["C0" if n == "specctl" else "C7" for n in names])
+        ax.barh(names, values, color=[_COLOURS[policy_variant(n)] for n in names])
         ax.axvline(1.0, color="k", lw=0.8)
         ax.set_xlim(min(0.5, min(values) - 0.05), 1.05)
         ax.set_xlabel("goodput / oracle goodput")
