@@ -2,9 +2,11 @@
 
 It wraps a :class:`~controller.policy.base.Policy` and owns what the policy
 does not: the union of arms engines offer, the bound on workload classes,
-operator overrides, the published distributions and their version, and the
-per-engine restriction of a policy to the arms that engine can run. The
-server drives it from one event loop; the simulator drives it in-process.
+operator overrides, the published distributions and their version, how much
+those distributions move (a :class:`~controller.sidecar.stability.DecisionStability`
+per context), and the per-engine restriction of a policy to the arms that
+engine can run. The server drives it from one event loop; the simulator drives
+it in-process.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from controller.logs import get_logger
 from controller.policy.base import Decision, Evidence, Policy
 from controller.sidecar.coalesce import merge_batches
 from controller.sidecar.metrics import SidecarMetrics
+from controller.sidecar.stability import (
+    FLIP_MARGIN,
+    WINDOW_S,
+    DecisionStability,
+    StabilityStats,
+    total_variation,
+)
 from controller.steps import StepBatch, validate_class_name
 
 log = get_logger("specctl.sidecar.book")
@@ -36,17 +45,6 @@ class UnknownClassError(KeyError):
     """A workload class the book has never seen."""
 
 
-def total_variation(a: Decision, b: Decision) -> float:
-    """Total-variation distance between two distributions over (possibly different) arms."""
-    if a.arms == b.arms:
-        if len(a.arms) == 1:
-            return 0.0
-        return 0.5 * float(np.abs(a.probabilities - b.probabilities).sum())
-    pa = dict(zip(a.arms, a.probabilities.tolist(), strict=True))
-    pb_ = dict(zip(b.arms, b.probabilities.tolist(), strict=True))
-    return 0.5 * sum(abs(pa.get(arm, 0.0) - pb_.get(arm, 0.0)) for arm in pa.keys() | pb_.keys())
-
-
 @dataclasses.dataclass
 class _Published:
     decision: Decision
@@ -58,6 +56,8 @@ class PolicyBook:
 
     ``version`` moves when a distribution changes materially (total variation
     above ``push_threshold``), on an override, and when a class appears.
+    Every published distribution also goes to the context's stability tracker
+    (``flip_margin`` and ``stability_window_s`` configure it; ``clock`` times it).
     """
 
     def __init__(
@@ -72,6 +72,8 @@ class PolicyBook:
         push_threshold: float = 0.05,
         metrics: SidecarMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        flip_margin: float = FLIP_MARGIN,
+        stability_window_s: float = WINDOW_S,
     ) -> None:
         self.policy = policy
         self.policy_name = policy_name or policy.policy_name
@@ -88,11 +90,16 @@ class PolicyBook:
         self._classes: dict[str, int] = {}  # name -> id, insertion ordered
         self._overrides: dict[str, Arm] = {}
         self._published: dict[Context, _Published] = {}
+        self.flip_margin = flip_margin
+        self.stability_window_s = stability_window_s
+        self._stability: dict[Context, DecisionStability] = {}
         self._sinks: list[Sink] = []
         self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], pb.Policy] = {}
         self._stale_evidence: set[Context] = set()
         self._off_contexts: set[Context] = set()  # contexts whose most likely arm is off
         self._evidence_refreshed = 0.0
+        # the exporter reads the trackers at scrape time, from its own thread: hand it a copy
+        self.metrics.decision_stability.watch(lambda: list(self._stability.items()), clock)
         self.policy.set_arms(self._arms)
         self._add_class(default_class)
         self._bump()
@@ -184,6 +191,19 @@ class PolicyBook:
         if old is not None and off_now and not old.decision.mode.is_off:
             m.child(m.switch_offs, cls).inc()
         self._stale_evidence.add(ctx)
+        tracker = self._stability.get(ctx)
+        if tracker is None:
+            self._stability[ctx] = self._new_tracker(new.decision)
+        else:
+            tracker.observe(new.decision, self.clock())
+
+    def _new_tracker(self, decision: Decision) -> DecisionStability:
+        return DecisionStability(
+            decision,
+            self.clock(),
+            flip_margin=self.flip_margin,
+            window_s=self.stability_window_s,
+        )
 
     def _republish(self, contexts: Iterable[Context], *, force: bool) -> bool:
         changed = False
@@ -510,14 +530,44 @@ class PolicyBook:
         """The policy as an engine offering every drafter seen would receive it."""
         return self.policy_for(self._offered, self.fallback_arm or OFF)
 
+    def stability(self, workload_class: str, load_bucket: int) -> StabilityStats:
+        """How much the context's published distribution moves and how settled its mode is.
+
+        A read: the tracker is left as it was. Raises :class:`UnknownClassError`
+        for a class the book does not keep, ``KeyError`` for a bucket it has not.
+        """
+        if workload_class not in self._classes:
+            raise UnknownClassError(workload_class)
+        return self._stability[(workload_class, load_bucket)].stats(self.clock())
+
+    def stability_by_context(self) -> dict[Context, StabilityStats]:
+        """:meth:`stability` of every (workload class, load bucket), at one instant."""
+        now = self.clock()
+        return {ctx: tracker.stats(now) for ctx, tracker in self._stability.items()}
+
+    def restart_stability(self) -> None:
+        """Track every context afresh from what is published now.
+
+        The sidecar calls it once its learned state is restored: the
+        distributions published while restoring reached no engine, so their
+        movement is not instability.
+        """
+        self._stability = {
+            ctx: self._new_tracker(pub.decision) for ctx, pub in self._published.items()
+        }
+
     def evidence(self, workload_class: str | None = None) -> pb.GetEvidenceResponse:
-        """The evidence behind the policy, for one class or all of them."""
+        """The evidence behind the policy, for one class or all of them.
+
+        Reading changes no stability tracker.
+        """
         if workload_class:
             if workload_class not in self._classes:
                 raise UnknownClassError(workload_class)
             classes = [workload_class]
         else:
             classes = list(self._classes)
+        now = self.clock()
         out = pb.GetEvidenceResponse(policy_version=self.version, policy_name=self.policy_name)
         for cls in classes:
             override = self._overrides.get(cls)
@@ -531,6 +581,7 @@ class PolicyBook:
                     override_arm=override.name if override is not None else "",
                     rounds=ev.rounds,
                 )
+                self._stability[(cls, bucket)].stats(now).to_proto(ce.stability)
                 estimates = {e.arm: e for e in ev.arms}
                 arms = list(pub.decision.arms) + [
                     a for a in estimates if a not in pub.decision.arms

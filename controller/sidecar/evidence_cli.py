@@ -1,5 +1,8 @@
 """Print the evidence behind the sidecar's policy: per class, load bucket and arm,
-the probability, the estimated goodput with its interval, and P(best).
+the probability, the estimated goodput with its interval, and P(best); then per
+class and load bucket how settled the decision is: the mode (the arm clearly
+most likely), how long it has held, and the flips and movement (total
+variation) of the published distribution over the recent window.
 
 The sidecar's address: --address, else $SPECCTL_SERVER_LISTEN, else
 unix:///tmp/specctl.sock.
@@ -61,4 +64,40 @@ def run(args: argparse.Namespace) -> int:
             )
             why = ""
     print(table(rows))
+    header = ["CLASS", "BUCKET", "MODE", "DWELL", "WINDOW", "FLIPS", "FLIPS/MIN", "CHANGES", "TV"]
+    stable = [[*header, "TV/S"]]
+    for c in ev.classes:
+        if not c.HasField("stability"):
+            continue  # a sidecar that does not track stability
+        s = c.stability
+        stable.append(
+            [
+                c.workload_class,
+                str(c.load_bucket),
+                s.mode_arm,
+                duration(s.mode_dwell_s),
+                duration(s.window_s),
+                str(s.mode_flips_recent),
+                f"{s.mode_flips_per_minute:.2f}",
+                str(s.changes_recent),
+                f"{s.change_tv_recent:.3f}",
+                f"{s.change_tv_per_second:.4f}",
+            ]
+        )
+    if len(stable) > 1:
+        print()
+        print("decision stability (FLIPS, CHANGES and TV over the last WINDOW)")
+        print(table(stable))
     return 0
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h10m``, ``3d04h``: short enough for a table column."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

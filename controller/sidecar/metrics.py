@@ -8,13 +8,15 @@ rules and dashboards: change them only together. Class labels are bounded by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller import __version__
+from controller.sidecar.stability import DecisionStability
 
 # Report arrival to policy updated: the static policy takes tens of microseconds.
 LATENCY_BUCKETS = (
@@ -62,6 +64,74 @@ class ReportCounter:
         for labels, value in list(self.values.items()):
             family.add_metric(labels, value)
         return [family]
+
+
+StabilitySource = Callable[[], Iterable[tuple[tuple[str, int], DecisionStability]]]
+
+
+class DecisionStabilityExporter:
+    """Exports the book's per-context stability trackers, read at scrape time.
+
+    The trackers are plain stats objects the book updates as it publishes;
+    this collector turns them into series (as vLLM's ``SpecDecodingProm``
+    reads ``SpecDecodingStats``), so the publish path pays nothing for
+    Prometheus. A scrape reads attributes the event loop writes one at a time:
+    a scrape may see a change counted before its TV is added, never a torn
+    number.
+    """
+
+    _LABELS = ("workload_class", "load_bucket")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._source: StabilitySource = lambda: ()
+        self._clock: Callable[[], float] = time.time
+        registry.register(self)
+
+    def watch(self, source: StabilitySource, clock: Callable[[], float]) -> None:
+        """Export what ``source()`` yields, timing dwell with ``clock`` (the book's)."""
+        self._source = source
+        self._clock = clock
+
+    def _families(self) -> list[Any]:
+        ctx = self._LABELS
+        return [
+            CounterMetricFamily(
+                "specctl_decision_mode_flips",
+                "Times the context's mode (the arm clearly most likely) changed.",
+                labels=ctx,
+            ),
+            CounterMetricFamily(
+                "specctl_decision_changes",
+                "Published distributions of the context that differed from the previous one.",
+                labels=ctx,
+            ),
+            CounterMetricFamily(
+                "specctl_decision_change_tv",
+                "Sum of the total-variation distances between successive published "
+                "distributions of the context.",
+                labels=ctx,
+            ),
+            GaugeMetricFamily(
+                "specctl_decision_mode_dwell_seconds",
+                "Seconds since the context's mode last changed (or since it appeared).",
+                labels=ctx,
+            ),
+        ]
+
+    def describe(self) -> list[Any]:
+        return self._families()
+
+    def collect(self) -> list[Any]:
+        families = self._families()
+        flips, changes, tv, dwell = families
+        now = self._clock()
+        for (cls, bucket), tracker in self._source():
+            labels = [cls, str(bucket)]
+            flips.add_metric(labels, tracker.mode_flips_total)
+            changes.add_metric(labels, tracker.changes_total)
+            tv.add_metric(labels, tracker.change_tv_total)
+            dwell.add_metric(labels, tracker.dwell_s(now))
+        return families
 
 
 class SidecarMetrics:
@@ -135,6 +205,7 @@ class SidecarMetrics:
             ctx,
             registry=r,
         )
+        self.decision_stability = DecisionStabilityExporter(r)
         self.switch_offs = Counter(
             "specctl_switch_offs",
             "Times a context's most likely arm changed from a drafter to off.",

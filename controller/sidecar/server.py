@@ -417,6 +417,8 @@ class Sidecar:
         self._ingest_ready = asyncio.Event()
         if self.state is not None:
             self.state.open()
+            # what restoring published reached no engine: stability starts from here
+            self.book.restart_stability()
         options = [
             ("grpc.max_send_message_length", sc.max_message_bytes),
             # gRPC itself refuses only what is far beyond the limit (ending the stream with

@@ -183,7 +183,7 @@ class DrafterAcceptance(_message.Message):
     def __init__(self, drafter: _Optional[str] = ..., conditional_acceptance: _Optional[_Iterable[float]] = ..., observations: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ClassEvidence(_message.Message):
-    __slots__ = ("workload_class", "load_bucket", "arms", "drafters", "explanation", "override_arm", "rounds")
+    __slots__ = ("workload_class", "load_bucket", "arms", "drafters", "explanation", "override_arm", "rounds", "stability")
     WORKLOAD_CLASS_FIELD_NUMBER: _ClassVar[int]
     LOAD_BUCKET_FIELD_NUMBER: _ClassVar[int]
     ARMS_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class ClassEvidence(_message.Message):
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     OVERRIDE_ARM_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
     workload_class: str
     load_bucket: int
     arms: _containers.RepeatedCompositeFieldContainer[ArmEvidence]
@@ -198,7 +199,36 @@ class ClassEvidence(_message.Message):
     explanation: str
     override_arm: str
     rounds: float
-    def __init__(self, workload_class: _Optional[str] = ..., load_bucket: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmEvidence, _Mapping]]] = ..., drafters: _Optional[_Iterable[_Union[DrafterAcceptance, _Mapping]]] = ..., explanation: _Optional[str] = ..., override_arm: _Optional[str] = ..., rounds: _Optional[float] = ...) -> None: ...
+    stability: DecisionStability
+    def __init__(self, workload_class: _Optional[str] = ..., load_bucket: _Optional[int] = ..., arms: _Optional[_Iterable[_Union[ArmEvidence, _Mapping]]] = ..., drafters: _Optional[_Iterable[_Union[DrafterAcceptance, _Mapping]]] = ..., explanation: _Optional[str] = ..., override_arm: _Optional[str] = ..., rounds: _Optional[float] = ..., stability: _Optional[_Union[DecisionStability, _Mapping]] = ...) -> None: ...
+
+class DecisionStability(_message.Message):
+    __slots__ = ("mode_arm", "mode_since_unix_s", "mode_dwell_s", "mode_flips_total", "changes_total", "change_tv_total", "window_s", "mode_flips_recent", "changes_recent", "change_tv_recent", "mode_flips_per_minute", "change_tv_per_second")
+    MODE_ARM_FIELD_NUMBER: _ClassVar[int]
+    MODE_SINCE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    MODE_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    MODE_FLIPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_TV_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    MODE_FLIPS_RECENT_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_RECENT_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_TV_RECENT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FLIPS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_TV_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    mode_arm: str
+    mode_since_unix_s: float
+    mode_dwell_s: float
+    mode_flips_total: int
+    changes_total: int
+    change_tv_total: float
+    window_s: float
+    mode_flips_recent: int
+    changes_recent: int
+    change_tv_recent: float
+    mode_flips_per_minute: float
+    change_tv_per_second: float
+    def __init__(self, mode_arm: _Optional[str] = ..., mode_since_unix_s: _Optional[float] = ..., mode_dwell_s: _Optional[float] = ..., mode_flips_total: _Optional[int] = ..., changes_total: _Optional[int] = ..., change_tv_total: _Optional[float] = ..., window_s: _Optional[float] = ..., mode_flips_recent: _Optional[int] = ..., changes_recent: _Optional[int] = ..., change_tv_recent: _Optional[float] = ..., mode_flips_per_minute: _Optional[float] = ..., change_tv_per_second: _Optional[float] = ...) -> None: ...
 
 class GetEvidenceResponse(_message.Message):
     __slots__ = ("policy_version", "policy_name", "classes")
