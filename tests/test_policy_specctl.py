@@ -16,7 +16,7 @@ from controller.arms import OFF, arms_for, parse_arm
 from controller.engine.policy_view import compile_policy
 from controller.policy.acceptance import AcceptanceModel, expected_tokens
 from controller.policy.registry import make_policy
-from controller.policy.thompson import SpecctlPolicy, tracking_bound_steps
+from controller.policy.thompson import SpecctlConfig, SpecctlPolicy, tracking_bound_steps
 from controller.policy.truncated import nonnegative_draws
 
 NGRAM = {"ngram": 6}
@@ -229,11 +229,11 @@ def test_heavy_load_moves_to_short_k_light_load_keeps_long_k() -> None:
 
 def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
     budget = 0.02
-    policy = specctl(prior_arm="ngram/k=4", probe_budget=budget, discount=0.99)
+    policy = specctl(prior_arm="ngram/k=4", probe_budget=budget)
     env = SyntheticEnv(
         drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=5e-4
     )
-    bound = int(tracking_bound_steps(0.99))
+    bound = int(tracking_bound_steps(SpecctlConfig().recent_discount))
     switched_at = None
     for step in range(bound):
         env.run_step(policy, "chat", 2, 64)
@@ -242,18 +242,20 @@ def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
             break
     assert switched_at is not None, policy.select_action("chat", 2)
 
-    # switched off, it stays off (hysteresis): only the probe budget runs speculation
+    # switched off, it stays off (hysteresis); speculation runs only in probes, at least
+    # the budget, and spread over K (a probe fixed at K=1 never measures longer drafts)
     probes = rows = 0
+    probed_k: set[int] = set()
     for _ in range(300):
         _batch, decision, arms = env.run_step(policy, "chat", 2, 64)
         assert decision.explanation.startswith("off: P(spec loses)="), decision.explanation
-        assert decision.probability_of(OFF) == pytest.approx(1.0 - budget)
-        spec = [a for a in decision.arms if not a.is_off and decision.probability_of(a) > 0]
-        assert [a.k for a in spec] == [1]
-        assert "probing ngram/k=1 at 2%" in decision.explanation
+        p_off = decision.probability_of(OFF)
+        assert 0.8 - 1e-9 <= p_off <= 1.0 - budget + 1e-9, decision
+        probed_k |= {a.k for a in decision.arms if not a.is_off and decision.probability_of(a)}
         probes += sum(not a.is_off for a in arms)
         rows += len(arms)
-    assert probes / rows <= 1.5 * budget
+    assert budget * 0.5 <= probes / rows <= 0.1, probes / rows
+    assert len(probed_k) >= 2, probed_k
 
     # speculation pays again: the probes find it, off is not permanent
     env.acceptance["ngram"] = 0.9
@@ -263,7 +265,7 @@ def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
         if not policy.select_action("chat", 2).explanation.startswith("off"):
             recovered = step
             break
-    assert recovered is not None
+    assert recovered is not None, policy.evidence("chat", 2)
     for _ in range(bound):
         env.run_step(policy, "chat", 2, 64)
     assert mode_k(policy, "chat", 2) >= 3, policy.select_action("chat", 2)
@@ -310,10 +312,12 @@ def test_nonnegative_draws_follow_the_truncated_normal(mean: float, sd: float) -
 
 
 def test_step_change_in_acceptance_is_followed_within_the_documented_bound() -> None:
-    discount = 0.99
-    bound = int(tracking_bound_steps(discount))
+    """The long memory keeps thousands of rounds; a change is detected, not waited out."""
+    config = SpecctlConfig()
+    bound = int(tracking_bound_steps(config.recent_discount))
     assert bound == 230
-    policy = specctl(discount=discount)
+    assert tracking_bound_steps(config.discount) > 2000  # what waiting it out would take
+    policy = specctl()
     env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.9}, token_s=5e-5)
     for _ in range(300):
         env.run_step(policy, "chat", 1, 24)
@@ -327,6 +331,7 @@ def test_step_change_in_acceptance_is_followed_within_the_documented_bound() -> 
             followed = step + 1
             break
     assert followed is not None, policy.evidence("chat", 1)
+    assert policy.acceptance.changes[policy._class_slot["chat"]] >= 1
 
 
 def test_decisions_are_cached_until_their_inputs_change() -> None:

@@ -13,18 +13,27 @@ Each position's conditional acceptance rate has a Beta posterior:
 prior_strength + failures)``. The expected committed tokens of a round at K
 are ``1 + sum_{j<=K} prod_{i<=j} r_i``, which never decreases with K.
 
-Non-stationarity: before a report's rows are added, a class's counts are
-multiplied by ``discount ** n``, n being the number of steps in the report
-that carried the class, so old evidence loses half its weight every
-``ln 2 / -ln(discount)`` of the class's steps (69 steps at 0.99). The counts
-of a (class, drafter) are also capped at ``max_rounds`` request-rounds at
-position 1, all positions scaled down together: rounds in one step, and
-successive rounds of one request, are correlated, and the cap stops a busy
-class from becoming so certain that it stops exploring. It also makes a busy
-class forget in proportion to its traffic, and deep positions as fast as
-position 1: discounting alone leaves a deep position's old rate in place
-until new rounds reach it, which after a drop in acceptance few do. The cap
-only ever speeds up forgetting.
+Non-stationarity: long memory, and detection of change. Two sets of counts
+are kept per (class, drafter). The *long* counts, which the posterior reads,
+are multiplied by ``discount ** n`` before a report's rows are added (n: the
+report's steps that carried the class) and capped at ``max_rounds`` request-
+rounds at position 1, all positions scaled together. The *recent* counts do
+the same with ``recent_discount`` and ``recent_max_rounds``: a window of the
+last hundred or so steps. After every update the two are compared position
+by position; where a position's recent rate differs from its long rate by at
+least ``change_min_shift`` and by ``change_z`` standard errors, the
+acceptance of that class has changed: the long counts of the drafter that
+showed it are replaced by its recent ones, and the class's other drafters
+keep at most a few rounds of their recent evidence (a workload that changed
+under one drafter changed under all of them; a drafter the class ran too
+little to show the change is explored again). So a steady class accumulates
+thousands of rounds and gets a steady, confident decision (a short memory
+keeps the posterior wide, and Thompson sampling then flips between arms on
+noise), while a drafter whose acceptance halves is re-learnt from the recent
+window within tens of steps, instead of after the long memory decays. The
+caps remain because rounds of one step, and successive rounds of one
+request, are correlated: the long cap bounds how certain a busy class can
+become, the recent cap keeps the window short in steps.
 """
 
 from __future__ import annotations
@@ -32,6 +41,11 @@ from __future__ import annotations
 import numpy as np
 
 from controller.arms import MAX_K
+
+# observations of a position in the recent window before a change there can be declared
+_MIN_RECENT_OBSERVATIONS = 20.0
+# rounds a class's other drafters keep after a change is detected under one of them
+_STALE_ROUNDS = 20.0
 
 
 class AcceptanceModel:
@@ -46,13 +60,25 @@ class AcceptanceModel:
         prior_mean: float,
         prior_strength: float,
         max_rounds: float,
+        recent_discount: float | None = None,
+        recent_max_rounds: float = 500.0,
+        change_z: float = 5.0,
+        change_min_shift: float = 0.1,
     ) -> None:
         self.discount = discount
         self.prior_success = prior_mean * prior_strength
         self.prior_failure = (1.0 - prior_mean) * prior_strength
         self.max_rounds = max_rounds
+        # without a recent window (None), there is one memory and no change detection
+        self.recent_discount = recent_discount
+        self.recent_max_rounds = min(recent_max_rounds, max_rounds)
+        self.change_z = change_z
+        self.change_min_shift = change_min_shift
         # [..., 0, j]: successes at position j + 1; [..., 1, j]: failures there
         self.counts = np.zeros((num_classes, num_drafters, 2, MAX_K))
+        self.recent = np.zeros_like(self.counts)
+        # per class: times a change in acceptance was detected (any drafter)
+        self.changes = np.zeros(num_classes, dtype=np.int64)
         # all request-rounds of the class, speculative or not (for cold start)
         self.rounds = np.zeros(num_classes)
 
@@ -96,6 +122,12 @@ class AcceptanceModel:
             decay = self.discount ** present.sum(axis=0, dtype=np.float64)
         self.counts[class_slots] *= decay[:, None, None, None]
         self.rounds[class_slots] = self.rounds[class_slots] * decay + rows
+        if self.recent_discount is not None:
+            if num_steps == 1:
+                recent_decay = np.where(rows > 0, self.recent_discount, 1.0)
+            else:
+                recent_decay = self.recent_discount ** present.sum(axis=0, dtype=np.float64)
+            self.recent[class_slots] *= recent_decay[:, None, None, None]
 
         tracked = np.flatnonzero(drafter_slots >= 0)
         if tracked.shape[0] == 0:
@@ -116,12 +148,47 @@ class AcceptanceModel:
         new[:, :, 1] = hist[:, :, 1, : width - 1]
         cs = class_slots[:, None]
         ds = drafter_slots[tracked][None, :]
-        block = self.counts[cs, ds, :, : width - 1] + new
-        observed = block[..., 0, 0] + block[..., 1, 0]
-        scale = self.max_rounds / np.maximum(observed, self.max_rounds)
-        self.counts[cs, ds, :, : width - 1] = block * scale[..., None, None]
-        if (scale < 1.0).any():
-            self.counts[cs, ds, :, width - 1 :] *= scale[..., None, None]
+        long = _add_capped(self.counts, cs, ds, new, width, self.max_rounds)
+        if self.recent_discount is None:
+            return
+        recent = _add_capped(self.recent, cs, ds, new, width, self.recent_max_rounds)
+        changed = self._changed(long, recent)
+        if changed.any():
+            # a class whose acceptance moved under one drafter moved under every drafter
+            # (its workload changed): what the others' long counts hold is stale as well
+            for c_idx in np.flatnonzero(changed.any(axis=1)):
+                c = int(class_slots[c_idx])
+                moved = drafter_slots[tracked][changed[c_idx]]
+                others = np.setdiff1d(np.arange(self.counts.shape[1]), moved)
+                self.counts[c, moved] = self.recent[c, moved]
+                # the drafters the class ran too little to see the change keep a few rounds
+                # of their recent evidence: wide enough to be explored again
+                for counts in (self.counts, self.recent):
+                    block = counts[c, others]
+                    observed = block[:, 0, 0] + block[:, 1, 0]
+                    scale = _STALE_ROUNDS / np.maximum(observed, _STALE_ROUNDS)
+                    counts[c, others] = self.recent[c, others] * scale[:, None, None]
+                self.changes[c] += 1
+
+    def _changed(self, long: np.ndarray, recent: np.ndarray) -> np.ndarray:
+        """Per (class, drafter) block: has a position's recent rate moved from its long rate?
+
+        Both blocks are (classes, drafters, 2, positions) after the update. A
+        position needs a few recent observations to be judged; the standard
+        error is that of the difference of two binomial rates (the long counts
+        include the recent ones, which makes the test conservative).
+        """
+        a0, b0 = self.prior_success, self.prior_failure
+        n_r = recent[..., 0, :] + recent[..., 1, :]
+        n_l = long[..., 0, :] + long[..., 1, :]
+        p_r = (recent[..., 0, :] + a0) / (n_r + a0 + b0)
+        p_l = (long[..., 0, :] + a0) / (n_l + a0 + b0)
+        p = np.clip(0.5 * (p_r + p_l), 0.02, 0.98)
+        se = np.sqrt(p * (1.0 - p) * (1.0 / (n_r + a0 + b0) + 1.0 / (n_l + a0 + b0)))
+        shift = np.abs(p_r - p_l)
+        moved = (shift >= self.change_min_shift) & (shift >= self.change_z * se)
+        moved &= n_r >= _MIN_RECENT_OBSERVATIONS
+        return np.asarray(moved.any(axis=-1))
 
     def posterior(
         self, class_slot: int | None, drafter_slots: np.ndarray, max_k: int
@@ -135,7 +202,29 @@ class AcceptanceModel:
 
     def reset(self, class_slot: int) -> None:
         self.counts[class_slot] = 0.0
+        self.recent[class_slot] = 0.0
         self.rounds[class_slot] = 0.0
+        self.changes[class_slot] = 0
+
+
+def _add_capped(
+    counts: np.ndarray,
+    cs: np.ndarray,
+    ds: np.ndarray,
+    new: np.ndarray,
+    width: int,
+    cap: float,
+) -> np.ndarray:
+    """Add ``new`` to ``counts[cs, ds]`` and scale each block down to ``cap`` rounds at
+    position 1; returns the updated observed block (positions ``1..width - 1``)."""
+    block = counts[cs, ds, :, : width - 1] + new
+    observed = block[..., 0, 0] + block[..., 1, 0]
+    scale = cap / np.maximum(observed, cap)
+    block *= scale[..., None, None]
+    counts[cs, ds, :, : width - 1] = block
+    if (scale < 1.0).any():
+        counts[cs, ds, :, width - 1 :] *= scale[..., None, None]
+    return block
 
 
 def expected_tokens(conditional: np.ndarray) -> np.ndarray:

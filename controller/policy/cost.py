@@ -21,12 +21,28 @@ hand-written table.
 The prior is independent per coefficient: mean from configuration (0 for a
 drafter's per-request cost, ``prior_token_s`` per draft token), standard
 deviation such that the term could move a typical step of the bucket by
-``prior_spread`` times the prior step time. It does not shrink as the fit
-gets tight, so a direction the data cannot see (a drafter's per-request cost
-while every step ran it) stays uncertain, and Thompson sampling tries ``off``
-to find out. The noise variance is estimated from the residuals (at the
-previous fit). Sufficient statistics decay by ``discount`` per step in the
-bucket (the policy's ``cost_discount``).
+``prior_spread`` times the bucket's measured mean step time (``prior_step_s``
+until the bucket has steps: a prior in units of the engine's own step, so
+that it means the same on a CPU at 9 ms a step and a GPU at 40 ms). It does
+not shrink as the fit gets tight, so a direction the data cannot see (a
+drafter's per-request cost while every step ran it) stays uncertain, and
+Thompson sampling tries ``off`` to find out. The noise variance is
+estimated from the residuals (at the previous fit).
+
+Memory and robustness. Wall-clock step times on a shared machine are heavy
+tailed (a preempted step takes several times its cost), and an engine's step
+cost changes slowly (context lengths, prefill mix), so the statistics keep a
+long memory (``discount`` per step in the bucket, the policy's
+``cost_discount``) and:
+
+- each step enters with a Huber weight, ``min(1, c * sigma / |r|)`` for its
+  residual r at the current fit, so an outlier moves the fit by at most c
+  standard deviations' worth instead of dragging the fit and inflating the
+  noise estimate for hundreds of steps;
+- a two-sided CUSUM on the standardised, clipped residuals detects a change
+  in cost; the bucket's statistics are then scaled down to
+  ``_STEPS_AFTER_CHANGE`` effective steps, so the fit follows the new cost
+  instead of averaging it with the old for the length of the memory.
 
 Non-negative and monotone in K: per posterior draw, the policy draws each
 speculative arm's extra step time over ``off`` from its Gaussian posterior
@@ -40,10 +56,24 @@ inflates the cost of long drafts; it did worse in the simulator.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # weight, in steps, of the prior on the noise variance (10% of the prior step time)
 _NOISE_PRIOR_STEPS = 2.0
+# Huber constant, in standard deviations of the step-time noise
+_HUBER_C = 4.0
+# steps in a bucket before residuals are trusted for weighting and change detection
+_ROBUST_AFTER_STEPS = 30.0
+# CUSUM on standardised residuals clipped to +-_CUSUM_CLIP: drift allowance and threshold
+_CUSUM_CLIP = 4.0
+_CUSUM_DRIFT = 1.5
+_CUSUM_THRESHOLD = 40.0
+# effective steps the statistics keep after a detected change in cost
+_STEPS_AFTER_CHANGE = 100.0
+# the prior's step-time scale follows the measured mean once this many steps are in
+_MEASURED_SCALE_STEPS = 5.0
 
 
 def num_features(num_drafters: int) -> int:
@@ -97,6 +127,16 @@ class CostModel:
         self.steps = np.zeros(num_buckets)
         sigma0 = 0.1 * prior_step_s
         self.noise_var = np.full(num_buckets, sigma0 * sigma0)
+        # the latest posterior mean per bucket: the fit residuals are taken against
+        self.fit = np.tile(self.prior_mean, (num_buckets, 1))
+        # and a factor of its covariance: a step in a direction the fit has not seen
+        # (the first steps of a new arm) has a wide predictive spread, not an outlier
+        self.fit_factor = np.zeros((num_buckets, f, f))
+        self.fitted = np.zeros(num_buckets, dtype=bool)
+        self.cusum = np.zeros((num_buckets, 2))
+        # per bucket: changes in cost detected, steps down-weighted as outliers
+        self.changes = np.zeros(num_buckets, dtype=np.int64)
+        self.outliers = np.zeros(num_buckets)
 
     def step_features(
         self, tokens: np.ndarray, requests: np.ndarray, draft_tokens: np.ndarray
@@ -112,27 +152,46 @@ class CostModel:
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:
         """One row of ``x`` (see :meth:`step_features`) and one step time per step."""
         d = self.discount
-        if bucket.shape[0] == 1:  # the common one-step report, without ufunc.at
-            b = int(bucket[0])
-            y = float(step_time_s[0])
-            x1 = x[0]
+        for i in range(bucket.shape[0]):
+            b = int(bucket[i])
+            x1 = x[i]
+            y = float(step_time_s[i])
+            weight = 1.0
+            if self.fitted[b] and self.steps[b] >= _ROBUST_AFTER_STEPS:
+                spread = x1 @ self.fit_factor[b]
+                sigma = math.sqrt(float(self.noise_var[b]) + float(spread @ spread))
+                z = (y - float(x1 @ self.fit[b])) / sigma
+                if abs(z) > _HUBER_C:
+                    weight = _HUBER_C / abs(z)
+                    self.outliers[b] += 1.0
+                self._detect_change(b, z)
             self.xtx[b] *= d
-            self.xtx[b] += np.outer(x1, x1)
+            self.xtx[b] += weight * np.outer(x1, x1)
             self.xty[b] *= d
-            self.xty[b] += y * x1
-            self.yy[b] = self.yy[b] * d + y * y
-            self.steps[b] = self.steps[b] * d + 1.0
-            return
-        nb = self.steps.shape[0]
-        n = np.bincount(bucket, minlength=nb).astype(np.float64)
-        decay = d**n
-        self.xtx *= decay[:, None, None]
-        self.xty *= decay[:, None]
-        self.yy *= decay
-        self.steps = self.steps * decay + n
-        np.add.at(self.xtx, bucket, x[:, :, None] * x[:, None, :])
-        np.add.at(self.xty, bucket, x * step_time_s[:, None])
-        self.yy += np.bincount(bucket, weights=step_time_s * step_time_s, minlength=nb)
+            self.xty[b] += weight * y * x1
+            self.yy[b] = self.yy[b] * d + weight * y * y
+            self.steps[b] = self.steps[b] * d + weight
+
+    def _detect_change(self, b: int, z: float) -> None:
+        z = min(max(z, -_CUSUM_CLIP), _CUSUM_CLIP)
+        up = max(0.0, self.cusum[b, 0] + z - _CUSUM_DRIFT)
+        down = max(0.0, self.cusum[b, 1] - z - _CUSUM_DRIFT)
+        if up > _CUSUM_THRESHOLD or down > _CUSUM_THRESHOLD:
+            keep = min(1.0, _STEPS_AFTER_CHANGE / max(float(self.steps[b]), 1.0))
+            self.xtx[b] *= keep
+            self.xty[b] *= keep
+            self.yy[b] *= keep
+            self.steps[b] *= keep
+            self.changes[b] += 1
+            up = down = 0.0
+        self.cusum[b] = (up, down)
+
+    def mean_step_s(self, bucket: int) -> float:
+        """The bucket's measured mean step time (the prior's until it has a few steps)."""
+        steps = float(self.steps[bucket])
+        if steps < _MEASURED_SCALE_STEPS:
+            return self.prior_step_s
+        return max(float(self.xty[bucket, 0]) / steps, 1e-6)
 
     def posterior(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and a factor ``C`` of its covariance: a draw is ``mean + C @ z``.
@@ -140,7 +199,8 @@ class CostModel:
         ``typical_x`` is a typical step's features in this bucket; it sets each
         coefficient's prior scale.
         """
-        scale = self.prior_spread * self.prior_step_s / np.maximum(np.abs(typical_x), 1.0)
+        step_s = self.mean_step_s(bucket)
+        scale = self.prior_spread * step_s / np.maximum(np.abs(typical_x), 1.0)
         prior_precision = 1.0 / (scale * scale)
         sigma2 = float(self.noise_var[bucket])
         xtx, xty = self.xtx[bucket], self.xty[bucket]
@@ -151,10 +211,13 @@ class CostModel:
         mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
         # the noise variance for the next fit: residuals at this one, with a weak prior
         rss = max(float(self.yy[bucket] - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
-        sigma0 = 0.1 * self.prior_step_s
+        sigma0 = 0.1 * step_s
         self.noise_var[bucket] = (rss + _NOISE_PRIOR_STEPS * sigma0 * sigma0) / (
             self.steps[bucket] + _NOISE_PRIOR_STEPS
         )
+        self.fit[bucket] = mean
+        self.fit_factor[bucket] = l_inv.T
+        self.fitted[bucket] = True
         return mean, l_inv.T
 
     def reset(self) -> None:
@@ -163,3 +226,7 @@ class CostModel:
         self.yy[:] = 0.0
         self.steps[:] = 0.0
         self.noise_var[:] = (0.1 * self.prior_step_s) ** 2
+        self.fit[:] = self.prior_mean
+        self.fit_factor[:] = 0.0
+        self.fitted[:] = False
+        self.cusum[:] = 0.0

@@ -42,31 +42,36 @@ decisions are deterministic given the reports, and a distribution moves only
 when the evidence does, not with sampling noise, so the sidecar pushes
 (changes beyond its threshold) only on real changes.
 
-Decay bound. Acceptance evidence is discounted by ``discount`` per step
-that carried the class; step-time evidence by ``cost_discount`` (also 0.99)
-per step in the bucket. A longer cost memory (0.998) steadies the fitted
-extra cost of speculation under noisy wall-clock step times and did better
-in the simulator, but on the real CPU engine it kept a poor early fit long
-enough to hold a class with 45% acceptance on ``off``; it is a parameter,
-not the default. After n of the class's steps old acceptance evidence
-keeps at most ``discount ** n`` of its weight (less when the class is busy
-enough for the ``max_rounds`` cap to bind), so after a step change every
-estimate is within that fraction of the old-to-new gap (plus the prior's
-pull): with the default 0.99, half the gap after 69 steps and 10% after
-``ceil(ln 10 / -ln 0.99) = 230`` steps. The documented bound for the choice to
-follow a step change in acceptance is therefore 230 of the class's steps
-(:func:`tracking_bound_steps`); the tests show the choice following a drop
-from 0.9 to 0.3 acceptance well within it (about 60 steps of 24 requests,
-where the cap binds).
+Memory. A steady workload must get a steady decision, and the evidence
+behind it must be long: with a memory of a hundred steps the posterior stays
+wide, and probability matching then moves mass between arms on noise.
+Acceptance evidence is discounted by ``discount`` (0.999) per step that
+carried the class and capped at ``max_rounds`` rounds; step-time evidence by
+``cost_discount`` (0.999) per step in the bucket. Change is detected rather
+than waited out: acceptance keeps a recent window as well
+(``recent_discount``, 0.99) and a position whose recent rate has moved from
+the long one by ``change_min_shift`` and ``change_z`` standard errors replaces
+the long counts with the recent ones (:mod:`controller.policy.acceptance`);
+step time has Huber-weighted updates and a CUSUM on its residuals
+(:mod:`controller.policy.cost`). After a step change in acceptance, old
+evidence therefore keeps at most ``recent_discount ** n`` of its weight in the
+recent window after n of the class's steps, and once the shift is detected
+the posterior reads only that window: the documented bound for the choice to
+follow is that of the recent window, 230 of the class's steps at 0.99
+(:func:`tracking_bound_steps`); the tests show a drop from 0.9 to 0.3
+acceptance followed well within it.
 
 Switch-off. When ``P(off is best) >= switch_off_confidence`` the context
-switches off: it runs ``off`` except for ``probe_budget`` of its
-request-rounds, which run the most promising drafter at ``K = probe_k``. It
-stays switched off until ``P(off is best)`` falls below
-``switch_on_confidence`` (hysteresis, so a close call does not flap between
-probing and exploring). The probes keep the acceptance and cost of
-speculation measured, and as old evidence decays toward the prior the
-posterior widens again, so a recovery is found and off is never permanent.
+switches off and stays so until ``P(off is best)`` falls below
+``switch_on_confidence`` (hysteresis, so a close call does not flap). Off,
+it still runs speculation on at least ``probe_budget`` of its request-rounds
+(more while ``P(off is best)`` is lower), spread over the speculative arms by
+their posterior probability of being the best of them. Probes at every K
+keep the cost of long drafts measured: probing one short K measures only
+part of it, and the rest stays at a prior that, conditioned on speculation
+never being cheaper, is pessimistic, which made ``off`` nearly absorbing.
+The probes keep acceptance and cost measured, so a recovery is found and off
+is never permanent.
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)
@@ -106,20 +111,22 @@ _MAX_SPEEDUP_OF_DRAW = 2.0
 class SpecctlConfig:
     """Parameters of :class:`SpecctlPolicy` (all optional)."""
 
-    discount: float = 0.99
-    cost_discount: float = 0.99
+    discount: float = 0.999
+    recent_discount: float = 0.99
+    change_z: float = 5.0
+    change_min_shift: float = 0.1
+    cost_discount: float = 0.999
     probe_budget: float = 0.02
-    probe_k: int = 1
     switch_off_confidence: float = 0.95
     switch_on_confidence: float = 0.8
     prior_arm: str | None = None
     cold_start_rounds: float = 200.0
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
-    max_rounds: float = 500.0
+    max_rounds: float = 5000.0
     prior_step_s: float = 0.02
     prior_token_s: float = 2e-5
-    prior_cost_spread: float = 1.0
+    prior_cost_spread: float = 0.3
     num_samples: int = 256
     seed: int = 0
     load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
@@ -129,9 +136,13 @@ class SpecctlConfig:
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
             "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
+            "recent_discount": real(
+                "recent_discount", self.recent_discount, 0.5, 1.0, lo_open=True
+            ),
+            "change_z": real("change_z", self.change_z, 1.0, 1e6),
+            "change_min_shift": real("change_min_shift", self.change_min_shift, 0.0, 1.0),
             "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
             "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
-            "probe_k": integer("probe_k", self.probe_k, 1, MAX_K),
             "switch_off_confidence": real(
                 "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
             ),
@@ -155,6 +166,11 @@ class SpecctlConfig:
             "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
             "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
         }
+        if checked["recent_discount"] > checked["discount"]:
+            raise ValueError(
+                f"recent_discount={self.recent_discount!r} must not exceed "
+                f"discount={self.discount!r}: the recent window is the shorter memory"
+            )
         if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
             raise ValueError(
                 f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
@@ -201,6 +217,9 @@ class SpecctlPolicy(Policy):
             prior_mean=cfg.prior_acceptance,
             prior_strength=cfg.prior_strength,
             max_rounds=cfg.max_rounds,
+            recent_discount=cfg.recent_discount,
+            change_z=cfg.change_z,
+            change_min_shift=cfg.change_min_shift,
         )
         self.cost = CostModel(
             self.num_buckets,
@@ -443,18 +462,19 @@ class SpecctlPolicy(Policy):
             else:
                 self._switched_off.discard(context)
         if p_loses >= threshold:
-            probs = np.zeros(len(arms))
-            probe = self._probe_index(samples)
+            probe = self._probe_distribution(samples)
+            budget = max(cfg.probe_budget, 1.0 - p_loses)
             if probe is None or cfg.probe_budget == 0.0:
+                probs = np.zeros(len(arms))
                 probs[0] = 1.0
                 return Decision(arms, probs, f"off: P(spec loses)={p_loses:.2f}")
-            probs[0] = 1.0 - cfg.probe_budget
-            probs[probe] = cfg.probe_budget
+            probs = budget * probe
+            probs[0] = 1.0 - budget
+            top = int(np.argmax(probe))
             return Decision(
                 arms,
                 probs,
-                f"off: P(spec loses)={p_loses:.2f}, probing {arms[probe]} "
-                f"at {_percent(cfg.probe_budget)}",
+                f"off: P(spec loses)={p_loses:.2f}, probing {_percent(budget)}, mostly {arms[top]}",
             )
         probs = p_best
         mode = int(np.argmax(probs))
@@ -471,19 +491,21 @@ class SpecctlPolicy(Policy):
             )
         return Decision(arms, probs / probs.sum(), explanation)
 
-    def _probe_index(self, samples: _Samples) -> int | None:
-        """The offered arm at K=probe_k (or its drafter's longest below) with the best goodput."""
-        best_k: dict[str, tuple[int, int]] = {}
-        for i, arm in enumerate(self._arms[1:], start=1):
-            if arm.k <= self.config.probe_k:
-                k, _ = best_k.get(arm.drafter, (0, 0))
-                if arm.k > k:
-                    best_k[arm.drafter] = (arm.k, i)
-        if not best_k:
+    def _probe_distribution(self, samples: _Samples) -> np.ndarray | None:
+        """How a switched-off context's probes spread over the speculative arms.
+
+        Each arm gets its posterior probability of being the best speculative
+        arm (Thompson sampling among them), so probes go where speculation
+        could win, at every K: a fixed probe at K=1 measures only ``c + t``
+        of the cost ``c + K t``, and the cost of longer drafts then stays at
+        its prior, and pessimistic, for as long as the context is off.
+        """
+        if len(self._arms) < 2:
             return None
-        candidates = [i for _, i in best_k.values()]
-        means = samples.goodput[:, candidates].mean(axis=0)
-        return candidates[int(np.argmax(means))]
+        spec = samples.goodput[:, 1:]
+        best = np.argmax(spec, axis=1) + 1
+        probe = np.bincount(best, minlength=len(self._arms)).astype(np.float64)
+        return probe / probe.sum()
 
     def _samples(self, slot: int | None, bucket: int) -> _Samples:
         tokens = self._token_samples(slot)
