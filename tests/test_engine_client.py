@@ -156,6 +156,8 @@ def test_config_from_env_and_file(tmp_path: Path) -> None:
     assert config.class_for_prompt_len(10) == "short"
     assert config.class_for_prompt_len(1000) == "long"
     assert EngineConfig.load({}).fallback(K4) == K4  # default: the engine's own setting
+    assert EngineConfig.load({}).step_clock == "wall"
+    assert EngineConfig.load({"SPECCTL_STEP_CLOCK": "process_cpu"}).step_clock == "process_cpu"
 
 
 @pytest.mark.parametrize(
@@ -167,6 +169,7 @@ def test_config_from_env_and_file(tmp_path: Path) -> None:
         ({"SPECCTL_CLASS_FROM_PROMPT_LEN": "any,short:10"}, "only the last"),
         ({"SPECCTL_LOAD_BUCKETS": "32,8"}, "load_buckets"),
         ({"SPECCTL_MAX_POLICY_AGE_S": "-1"}, "max_policy_age_s"),
+        ({"SPECCTL_STEP_CLOCK": "cpu"}, "step_clock='cpu' must be one of wall, process_cpu"),
     ],
 )
 def test_bad_settings_name_the_key(env: dict[str, str], message: str) -> None:

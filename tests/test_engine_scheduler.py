@@ -145,3 +145,27 @@ def test_missing_hook_fails_naming_it(tiny_model: str, monkeypatch: pytest.Monke
     monkeypatch.setattr(Scheduler, "update_draft_token_ids", update_draft_token_ids)
     with pytest.raises(UnsupportedVllmError, match="update_draft_token_ids"):
         check_vllm_supported()
+
+
+@pytest.mark.parametrize("clock", ["wall", "process_cpu"])
+def test_step_time_is_measured_on_the_configured_clock(
+    tiny_model: str, clock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the CPU clock, time the engine process spends waiting is not step cost."""
+    from controller.engine.scheduler import SpecctlScheduler
+
+    monkeypatch.setenv("SPECCTL_STEP_CLOCK", clock)
+    delay = 0.05
+    driver = SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=4, forward_delay_s=delay)
+    _pin(driver, {"default": "ngram/k=2"})
+    for _ in range(6):
+        driver.step()
+    batch = decode_step_report(
+        _drain(driver)[0], engine_id="e", offered={"ngram": 4}, num_load_buckets=2
+    )
+    times = batch.step_time_s[1:]  # the first step's start predates the clock's last end
+    if clock == "wall":
+        assert (times >= delay).all(), times
+    else:
+        assert (times < 0.5 * delay).all(), times
+    driver.scheduler.shutdown()

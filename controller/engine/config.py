@@ -22,6 +22,9 @@ ENV_PREFIX = "SPECCTL_"
 DEFAULT_ADDRESS = "unix:///tmp/specctl.sock"
 
 
+STEP_CLOCKS = ("wall", "process_cpu")
+
+
 class ConfigError(ValueError):
     """An engine setting that is not valid; the message names the key and the value."""
 
@@ -66,6 +69,10 @@ class EngineConfig:
     # Reconnect backoff bounds, seconds.
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 5.0
+    # What a step's time is measured on: "wall" (monotonic wall clock: what a GPU engine
+    # spends) or "process_cpu" (CPU seconds of the engine process: on a CPU engine, its
+    # cost without the time other processes on a shared machine take from it).
+    step_clock: str = "wall"
     # TLS to a sidecar on TCP (PEM files, re-read at each connect): the CA that signed the
     # sidecar's certificate (empty: the system's roots); with a certificate and key, mTLS.
     tls_ca_file: str = ""
@@ -122,6 +129,10 @@ class EngineConfig:
                 f"{self.reconnect_max_s!r} must satisfy 0 < min <= max <= 600"
             )
 
+        if self.step_clock not in STEP_CLOCKS:
+            raise ConfigError(
+                f"step_clock={self.step_clock!r} must be one of {', '.join(STEP_CLOCKS)}"
+            )
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError(
                 "tls_cert_file and tls_key_file go together: a client certificate needs its key"
@@ -249,6 +260,7 @@ _PARSERS: dict[str, Any] = {
     "seed": _optional_int,
     "reconnect_min_s": _float,
     "reconnect_max_s": _float,
+    "step_clock": _str,
 }
 
 

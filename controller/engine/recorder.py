@@ -43,7 +43,7 @@ _MAX_PENDING_PLANS = 256
 class _Plan(NamedTuple):
     """What a scheduler output verifies: the arms that governed its drafts."""
 
-    start_monotonic: float
+    start_clock: float
     governing: Mapping[str, Choice]
     policy_version: int
     load_bucket: int
@@ -136,6 +136,8 @@ class StepRecorder:
         self._plans: dict[int, _Plan] = {}
         self._step_index = 0
         self._last_end = 0.0
+        # the step clock: its readings bracket each step (see EngineConfig.step_clock)
+        self.clock = time.process_time if config.step_clock == "process_cpu" else time.monotonic
         self._version = 0
         self._bucket = 0
 
@@ -186,7 +188,7 @@ class StepRecorder:
 
     # -- schedule ----------------------------------------------------------------------------
 
-    def on_schedule(self, output_id: int, batch_size: int, start_monotonic: float) -> int:
+    def on_schedule(self, output_id: int, batch_size: int, start_clock: float) -> int:
         """Sample an arm per class with live requests; return the step's K.
 
         The previous step's arms are kept as the plan of this output: they
@@ -198,9 +200,9 @@ class StepRecorder:
         if len(self._plans) > _MAX_PENDING_PLANS:  # outputs vLLM never processed (shutdown)
             self._plans.clear()
         if previous:
-            self._plans[output_id] = _Plan(start_monotonic, previous, self._version, self._bucket)
+            self._plans[output_id] = _Plan(start_clock, previous, self._version, self._bucket)
         else:
-            self._plans[output_id] = _Plan(start_monotonic, previous, view.version, bucket)
+            self._plans[output_id] = _Plan(start_clock, previous, view.version, bucket)
         rand = self.rng.random
         choose = view.choose
         chosen: dict[str, Choice] = {}
@@ -268,8 +270,8 @@ class StepRecorder:
         plan = self._plans.pop(output_id, None)
         if plan is None:
             return
-        now = time.monotonic()
-        step_time = now - max(plan.start_monotonic, self._last_end)
+        now = self.clock()
+        step_time = now - max(plan.start_clock, self._last_end)
         self._last_end = now
         self._step_index += 1
         self.client.push(

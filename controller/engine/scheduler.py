@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
 from typing import Any
 
 import structlog
@@ -205,7 +204,7 @@ class _SpecctlMixin:
                     recorder.forget(self.finished_req_ids)  # type: ignore[attr-defined]
                 except Exception:
                     log.exception("specctl_hook_failed", hook="schedule")
-            self._specctl_schedule_start = time.monotonic()
+            self._specctl_schedule_start = recorder.clock()
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:

@@ -10,6 +10,7 @@ model runner's part (sampled tokens, drafts) deterministically.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ class SchedulerDriver:
         seed: int = 0,
         prompt_len: int = 32,
         max_tokens: int = MAX_MODEL_LEN - 64,
+        forward_delay_s: float = 0.0,
     ) -> None:
         import torch
         from vllm.config import (
@@ -109,6 +111,8 @@ class SchedulerDriver:
         self.async_scheduling = async_scheduling
         self.k = num_speculative_tokens
         self.acceptance = acceptance
+        # each step sleeps this long between schedule and output, as for a device forward
+        self.forward_delay_s = forward_delay_s
         self.rng = random.Random(seed)
         self.stats = DriverStats()
         self._pending: Any = None
@@ -150,6 +154,8 @@ class SchedulerDriver:
             self.stats.drafted += drafted
             self.stats.accepted += accepted
             sampled.append([7] * (accepted + 1))
+        if self.forward_delay_s > 0.0:
+            time.sleep(self.forward_delay_s)  # the device's forward pass: the CPU waits
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
