@@ -62,6 +62,9 @@ def test_every_query_reads_exported_metrics_only() -> None:
         "specctl_no_spec_goodput_tokens_per_second",
         "specctl_engines_in_fallback",
         "specctl_reports_dropped_total",
+        "specctl_decision_mode_flips_total",
+        "specctl_decision_change_tv_total",
+        "specctl_decision_mode_dwell_seconds",
         "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     ):
         assert name in read, name
