@@ -99,7 +99,8 @@ def test_connects_applies_policy_reports_and_falls_back_when_the_sidecar_goes() 
         assert _wait(lambda: _metric(url, "specctl_reports_received_total") >= 1)
         assert _wait(lambda: _metric(url, "specctl_draft_tokens_total") >= 30)
         assert client.state().reports_rejected_total == 0
-        assert _metric(url, "specctl_engines_in_fallback") == 0
+        # the status that says the engine left fallback follows its first policy
+        assert _wait(lambda: _metric(url, "specctl_engines_in_fallback") == 0)
 
         sidecar.stop(grace=0.1)
         assert _wait(lambda: client.view.version == 0), client.state()
@@ -182,3 +183,34 @@ def test_unknown_file_key_is_named(tmp_path: Path) -> None:
     path.write_text('adress = "unix:///x.sock"\n')
     with pytest.raises(ConfigError, match="unknown key 'adress'"):
         EngineConfig.load({"SPECCTL_CONFIG": str(path)})
+
+
+def test_process_tree_cpu_clock_counts_the_workers() -> None:
+    """The CPU clock sums the engine core and its children, where vLLM's CPU build runs
+    the model; time spent waiting counts for nothing."""
+    import subprocess
+    import sys
+
+    from controller.engine.step_clock import ProcessTreeCPUClock
+
+    burn = (
+        "import time\n"
+        "while time.process_time() < 0.4: pass\n"
+        "print('done', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
+    try:
+        clock = ProcessTreeCPUClock()
+        before = clock()  # finds the child
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "done"
+        after = clock()
+        # the child's 0.4 s of CPU (minus what it used before the first reading)
+        assert after - before >= 0.2, (before, after)
+        time.sleep(0.3)
+        assert clock() - after < 0.1  # sleeping uses no CPU
+    finally:
+        child.kill()
+        child.wait()
+    assert clock() >= 0.0  # an exited process is dropped, not an error

@@ -70,7 +70,7 @@ class EngineConfig:
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 5.0
     # What a step's time is measured on: "wall" (monotonic wall clock: what a GPU engine
-    # spends) or "process_cpu" (CPU seconds of the engine process: on a CPU engine, its
+    # spends) or "process_cpu" (CPU seconds of the engine core and its workers: on a CPU engine, its
     # cost without the time other processes on a shared machine take from it).
     step_clock: str = "wall"
     # TLS to a sidecar on TCP (PEM files, re-read at each connect): the CA that signed the

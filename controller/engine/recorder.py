@@ -29,6 +29,7 @@ import structlog
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig
 from controller.engine.policy_view import Choice
+from controller.engine.step_clock import make_step_clock
 from controller.steps import StepRecord, validate_class_name
 
 log = structlog.get_logger("controller.engine.recorder")
@@ -137,7 +138,7 @@ class StepRecorder:
         self._step_index = 0
         self._last_end = 0.0
         # the step clock: its readings bracket each step (see EngineConfig.step_clock)
-        self.clock = time.process_time if config.step_clock == "process_cpu" else time.monotonic
+        self.clock = make_step_clock(config.step_clock)
         self._version = 0
         self._bucket = 0
 
