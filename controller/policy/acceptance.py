@@ -79,6 +79,9 @@ class AcceptanceModel:
         self.recent = np.zeros_like(self.counts)
         # per class: times a change in acceptance was detected (any drafter)
         self.changes = np.zeros(num_classes, dtype=np.int64)
+        # per (class, drafter, K): rounds run at that K, their accepted drafts and squares;
+        # the arm's own measurement, which corrects the censored model where it is wrong
+        self.arm_stats = np.zeros((num_classes, num_drafters, 3, MAX_K + 1))
         # all request-rounds of the class, speculative or not (for cold start)
         self.rounds = np.zeros(num_classes)
 
@@ -121,6 +124,7 @@ class AcceptanceModel:
             present[request_step, class_index] = True
             decay = self.discount ** present.sum(axis=0, dtype=np.float64)
         self.counts[class_slots] *= decay[:, None, None, None]
+        self.arm_stats[class_slots] *= decay[:, None, None, None]
         self.rounds[class_slots] = self.rounds[class_slots] * decay + rows
         if self.recent_discount is not None:
             if num_steps == 1:
@@ -148,6 +152,7 @@ class AcceptanceModel:
         new[:, :, 1] = hist[:, :, 1, : width - 1]
         cs = class_slots[:, None]
         ds = drafter_slots[tracked][None, :]
+        self._add_arm_stats(class_slots, drafter_slots, class_index, drafter_index, arm_k, accepted)
         long = _add_capped(self.counts, cs, ds, new, width, self.max_rounds)
         if self.recent_discount is None:
             return
@@ -168,7 +173,52 @@ class AcceptanceModel:
                     observed = block[:, 0, 0] + block[:, 1, 0]
                     scale = _STALE_ROUNDS / np.maximum(observed, _STALE_ROUNDS)
                     counts[c, others] = self.recent[c, others] * scale[:, None, None]
+                stats = self.arm_stats[c]
+                stats *= np.minimum(1.0, _STALE_ROUNDS / np.maximum(stats[:, :1], 1e-12))
                 self.changes[c] += 1
+
+    def _add_arm_stats(
+        self,
+        class_slots: np.ndarray,
+        drafter_slots: np.ndarray,
+        class_index: np.ndarray,
+        drafter_index: np.ndarray,
+        arm_k: np.ndarray,
+        accepted: np.ndarray,
+    ) -> None:
+        row_drafter = drafter_slots[drafter_index]
+        spec = (row_drafter >= 0) & (arm_k > 0)
+        if not spec.any():
+            return
+        nd, kw = self.arm_stats.shape[1], MAX_K + 1
+        c = class_slots[class_index[spec]]
+        key = (c * nd + row_drafter[spec]) * kw + arm_k[spec]
+        a = accepted[spec].astype(np.float64)
+        touched, inverse = np.unique(key, return_inverse=True)
+        m = touched.shape[0]
+        cls, rest = np.divmod(touched, nd * kw)
+        d, k = np.divmod(rest, kw)
+        cell = self.arm_stats[cls, d, :, k]  # (m, 3)
+        cell[:, 0] += np.bincount(inverse, minlength=m)
+        cell[:, 1] += np.bincount(inverse, weights=a, minlength=m)
+        cell[:, 2] += np.bincount(inverse, weights=a * a, minlength=m)
+        cell *= (self.max_rounds / np.maximum(cell[:, 0], self.max_rounds))[:, None]
+        self.arm_stats[cls, d, :, k] = cell
+
+    def arm_posterior(
+        self, class_slot: int | None, drafter_slots: np.ndarray, max_k: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (drafter, K = 1..max_k): rounds run at K, and their mean accepted drafts and
+        its variance per round (zeros without rounds)."""
+        shape = (drafter_slots.shape[0], max_k)
+        if class_slot is None:
+            return np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        stats = self.arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
+        n = stats[:, 0]
+        safe = np.maximum(n, 1e-12)
+        mean = stats[:, 1] / safe
+        var = np.maximum(stats[:, 2] / safe - mean * mean, 0.0)
+        return n, mean, var
 
     def _changed(self, long: np.ndarray, recent: np.ndarray) -> np.ndarray:
         """Per (class, drafter) block: has a position's recent rate moved from its long rate?
@@ -203,6 +253,7 @@ class AcceptanceModel:
     def reset(self, class_slot: int) -> None:
         self.counts[class_slot] = 0.0
         self.recent[class_slot] = 0.0
+        self.arm_stats[class_slot] = 0.0
         self.rounds[class_slot] = 0.0
         self.changes[class_slot] = 0
 

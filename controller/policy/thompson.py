@@ -105,6 +105,8 @@ from controller.steps import StepBatch
 
 _MIN_STEP_TIME_S = 1e-6
 _MAX_SPEEDUP_OF_DRAW = 2.0
+# correlation of the standard normal draws of one drafter's positions
+_POSITION_CORRELATION = 0.7
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class SpecctlConfig:
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
     max_rounds: float = 5000.0
+    model_rounds: float = 200.0
     prior_step_s: float = 0.02
     prior_token_s: float = 2e-5
     prior_cost_spread: float = 0.3
@@ -155,6 +158,7 @@ class SpecctlConfig:
             ),
             "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
             "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
+            "model_rounds": real("model_rounds", self.model_rounds, 0.0, 1e12),
             "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
             "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
             "prior_cost_spread": real(
@@ -256,6 +260,16 @@ class SpecctlPolicy(Policy):
         self._z_cost = rng.standard_normal(
             (cfg.num_samples, self.cost.num_features), dtype=np.float32
         )
+        self._z_arm_tokens = rng.standard_normal(
+            (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
+        )
+        # A drafter's positions are drawn correlated: a draft that matches the target at
+        # one position tends to at the next. Independent draws make "every position high"
+        # all but impossible under the prior, so long drafts of a drafter a class has not
+        # run look far worse than they may be, and it is never tried.
+        common = rng.standard_normal((cfg.num_samples, cfg.max_drafters, 1), dtype=np.float32)
+        rho = _POSITION_CORRELATION
+        self._z_acceptance = np.sqrt(rho) * common + np.sqrt(1.0 - rho) * self._z_acceptance
         self.set_arms([OFF])
 
     # -- arms and slots -------------------------------------------------------
@@ -580,8 +594,40 @@ class SpecctlPolicy(Policy):
         np.exp(reach, out=reach)
         tokens = np.ones((self.config.num_samples, len(self._arms)), dtype=np.float32)
         tokens[:, 1:] += reach @ self._arm_positions
+        self._correct_by_arm(slot, tokens)
         self._tokens[slot] = (version, tokens)
         return tokens
+
+    def _correct_by_arm(self, slot: int | None, tokens: np.ndarray) -> None:
+        """Blend each arm's draws with what the arm itself measured, in place.
+
+        The censored model shares acceptance across K, which is what lets one
+        K=5 round inform K=1..4; but where a drafter's acceptance at a
+        position depends on the K it was configured with (block drafters), or
+        requests differ in ways one curve per class does not capture, its
+        prediction for a K is biased however much data it has. So the model's
+        draw weighs as ``model_rounds`` rounds against the arm's own mean
+        accepted drafts over the rounds it ran (drawn from its normal
+        approximation): an arm that ran a lot is judged by its own
+        measurement, an arm that never ran by the model.
+        """
+        w0 = self.config.model_rounds
+        if slot is None or len(self._arms) < 2:
+            return
+        n, mean, var = self.acceptance.arm_posterior(slot, self._drafters, self._max_k)
+        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
+        spec = self._arms[1:]
+        rows = np.array([drafter_index[self._drafter_slot[a.drafter]] for a in spec])
+        ks = np.array([a.k - 1 for a in spec])
+        n_arm = n[rows, ks]
+        if not (n_arm > 0).any():
+            return
+        # the variance of a mean of correlated rounds: at least that of 1/4 as many rounds
+        sd = np.sqrt((var[rows, ks] + 0.05) / np.maximum(n_arm, 1.0) * 4.0)
+        z = self._z_arm_tokens[:, self._drafters[rows], ks]
+        direct = 1.0 + mean[rows, ks] + sd * z
+        weight = (n_arm / (n_arm + w0)).astype(np.float32)
+        tokens[:, 1:] = (1.0 - weight) * tokens[:, 1:] + weight * direct.astype(np.float32)
 
     # -- explaining -----------------------------------------------------------
 
@@ -642,6 +688,8 @@ class SpecctlPolicy(Policy):
             "drafters": np.array(list(self._drafter_slot), dtype=np.str_),
             "acceptance_counts": self.acceptance.counts.copy(),
             "acceptance_rounds": self.acceptance.rounds.copy(),
+            "acceptance_recent": self.acceptance.recent.copy(),
+            "acceptance_arm_stats": self.acceptance.arm_stats.copy(),
             "cost_xtx": self.cost.xtx.copy(),
             "cost_xty": self.cost.xty.copy(),
             "cost_yy": self.cost.yy.copy(),
@@ -668,6 +716,8 @@ class SpecctlPolicy(Policy):
         arrays = {
             "acceptance_counts": self.acceptance.counts,
             "acceptance_rounds": self.acceptance.rounds,
+            "acceptance_recent": self.acceptance.recent,
+            "acceptance_arm_stats": self.acceptance.arm_stats,
             "class_last_update": self._last_update,
             "cost_xtx": self.cost.xtx,
             "cost_xty": self.cost.xty,
@@ -689,6 +739,9 @@ class SpecctlPolicy(Policy):
             raise ValueError(
                 f"state has {len(drafters)} drafters; max_drafters={self.config.max_drafters}"
             )
+        # keys a state saved before the recent window and per-arm statistics lacks
+        optional = ("acceptance_recent", "acceptance_arm_stats")
+        state = {**{k: np.zeros_like(arrays[k]) for k in optional}, **state}
         for name, target in arrays.items():
             value = np.asarray(state[name])
             if value.shape != target.shape:
