@@ -7,7 +7,9 @@ the ``Connect`` stream, compiles each pushed policy and swaps it in with one
 reference assignment, and reconnects with exponential backoff and jitter
 (sending its hello again) when the stream breaks. While there is no sidecar,
 or the policy is older than its maximum age, the view is the fallback arm.
-Nothing here raises into the engine.
+Nothing here raises into the engine. With ``trace_dir`` set, :meth:`push`
+also hands each step to a trace writer (:mod:`controller.trace.writer`),
+which keeps its own bounded deque and thread.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import structlog
@@ -29,6 +31,9 @@ from controller.arms import Arm
 from controller.engine.config import EngineConfig
 from controller.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
 from controller.steps import StepRecord, encode_step_report
+
+if TYPE_CHECKING:
+    from controller.trace.writer import TraceWriter
 
 log = structlog.get_logger("controller.engine.client")
 
@@ -94,6 +99,13 @@ class SidecarClient:
         self._call: grpc.Future | None = None
         self._thread = threading.Thread(target=self._run, name="specctl-client", daemon=True)
         self._jitter = random.Random()
+        # With trace_dir, every step also goes to the trace writer (its own queue and thread,
+        # so it records whether or not a sidecar is connected).
+        self.trace: TraceWriter | None = None
+        if config.trace_dir:
+            from controller.trace.writer import engine_trace_writer
+
+            self.trace = engine_trace_writer(config, hello)
 
     # -- step path ---------------------------------------------------------------------------
 
@@ -103,11 +115,16 @@ class SidecarClient:
         if len(queue) == queue.maxlen:
             self.steps_dropped_total += 1
         queue.append(record)
+        trace = self.trace
+        if trace is not None:
+            trace.push(record)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+        if self.trace is not None:
+            self.trace.start()
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued, half-close the stream, and stop; cancel after ``timeout_s``.
@@ -122,6 +139,8 @@ class SidecarClient:
             call.cancel()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        if self.trace is not None:
+            self.trace.close()
 
     def state(self) -> ClientState:
         return ClientState(

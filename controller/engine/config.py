@@ -73,6 +73,9 @@ class EngineConfig:
     # spends) or "process_cpu" (CPU seconds of the engine core and its workers: on a CPU engine, its
     # cost without the time other processes on a shared machine take from it).
     step_clock: str = "wall"
+    # Write a trace (every request's drafted and accepted tokens per step, the step's times)
+    # as Parquet segments into this absolute directory, for trace-driven simulation.
+    trace_dir: str = ""
     # TLS to a sidecar on TCP (PEM files, re-read at each connect): the CA that signed the
     # sidecar's certificate (empty: the system's roots); with a certificate and key, mTLS.
     tls_ca_file: str = ""
@@ -132,6 +135,14 @@ class EngineConfig:
         if self.step_clock not in STEP_CLOCKS:
             raise ConfigError(
                 f"step_clock={self.step_clock!r} must be one of {', '.join(STEP_CLOCKS)}"
+            )
+        if self.trace_dir and (
+            not os.path.isabs(self.trace_dir)
+            or (os.path.exists(self.trace_dir) and not os.path.isdir(self.trace_dir))
+        ):
+            raise ConfigError(
+                f"trace_dir={self.trace_dir!r} must be an absolute path to a directory "
+                "(created if missing)"
             )
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError(
@@ -261,6 +272,7 @@ _PARSERS: dict[str, Any] = {
     "reconnect_min_s": _float,
     "reconnect_max_s": _float,
     "step_clock": _str,
+    "trace_dir": _str,
 }
 
 

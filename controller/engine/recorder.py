@@ -70,6 +70,8 @@ class RawStep:
     spec_tokens: Mapping[str, Sequence[int]]
     req_id_to_index: Mapping[str, int]
     sampled_token_ids: Sequence[Sequence[int]]
+    # Wall seconds of the step when tracing on a clock other than the wall (0: not measured).
+    wall_time_s: float = 0.0
 
     def record(self) -> StepRecord:
         governing = self.plan.governing
@@ -141,6 +143,11 @@ class StepRecorder:
         self.clock = make_step_clock(config.step_clock)
         self._version = 0
         self._bucket = 0
+        # A trace holds wall time too: measured apart when the step clock is not the wall.
+        self._wall_starts: dict[int, float] | None = (
+            {} if config.trace_dir and config.step_clock != "wall" else None
+        )
+        self._last_wall_end = 0.0
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -195,6 +202,11 @@ class StepRecorder:
         The previous step's arms are kept as the plan of this output: they
         governed the drafts it verifies.
         """
+        wall_starts = self._wall_starts
+        if wall_starts is not None:
+            if len(wall_starts) > _MAX_PENDING_PLANS:
+                wall_starts.clear()
+            wall_starts[output_id] = time.monotonic()
         view = self.client.view
         bucket = view.load_bucket(batch_size)
         previous = self.chosen
@@ -271,6 +283,12 @@ class StepRecorder:
         plan = self._plans.pop(output_id, None)
         if plan is None:
             return
+        wall_time = 0.0
+        wall_starts = self._wall_starts
+        if wall_starts is not None:
+            wall_now = time.monotonic()
+            wall_time = wall_now - max(wall_starts.pop(output_id, wall_now), self._last_wall_end)
+            self._last_wall_end = wall_now
         now = self.clock()
         step_time = now - max(plan.start_clock, self._last_end)
         self._last_end = now
@@ -287,5 +305,6 @@ class StepRecorder:
                 spec_tokens=spec_tokens,
                 req_id_to_index=req_id_to_index,
                 sampled_token_ids=sampled_token_ids or (),
+                wall_time_s=wall_time,
             )
         )
