@@ -45,7 +45,14 @@ from controller.policy.base import Policy
 from controller.policy.registry import POLICIES, make_policy
 from controller.policy.static import StaticPolicy
 from controller.sidecar.book import PolicyBook
-from controller.sim.engine import FloatArray, InProcessLink, RunRecord, SimulatedEngine, World
+from controller.sim.engine import (
+    FloatArray,
+    InProcessLink,
+    RunRecord,
+    SimulatedEngine,
+    SimWorld,
+    make_world,
+)
 from controller.sim.oracle import OraclePolicy
 from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 
@@ -282,7 +289,7 @@ def policy_params(name: str, scenario: Scenario) -> dict[str, Any]:
     return shipped_params(name, scenario)
 
 
-def build_policy(name: str, scenario: Scenario, world: World) -> Policy:
+def build_policy(name: str, scenario: Scenario, world: SimWorld) -> Policy:
     check_policy_name(name)
     if name == "oracle":
         return OraclePolicy(world)
@@ -300,7 +307,7 @@ def run_policy(
     progress: Progress | None = None,
 ) -> RunRecord:
     """One policy over one scenario, in-process through the production path."""
-    world = World(scenario, np.random.default_rng([seed, 0]))
+    world = make_world(scenario, np.random.default_rng([seed, 0]))
     policy = build_policy(name, scenario, world)
     book = PolicyBook(
         policy, policy_name=name, max_classes=max(64, len(scenario.model.classes) + 1)

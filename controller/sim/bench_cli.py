@@ -5,7 +5,8 @@ class for the current conditions), to no speculation and to the best single
 static arm, regret over time, how often each arm ran, and the steps to adapt
 after acceptance events. Scenarios: targets (each of the study's targets),
 qwen3-8b, drift, load-swing, long-tail, all; or `--table CSV` for your own
-sweep in the appendix's columns.
+sweep in the appendix's columns; or `--scenario trace --trace PATH` to replay
+a trace recorded from a real engine (docs/traces.md).
 
 The peers run as shipped (``sglang-ema``: the engine's configured K and the
 system's own defaults) and, where they have a configuration to tune, tuned in
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         default="all",
         help="targets, qwen3-8b, drift, load-swing, long-tail, all (default), "
-        "or table (with --table)",
+        "table (with --table), or trace (with --trace)",
     )
     parser.add_argument("--steps", type=int, default=20_000, help="engine steps per run")
     parser.add_argument("--seed", type=int, default=0)
@@ -41,6 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--table", type=Path, help="a sweep CSV in the appendix's columns")
     parser.add_argument("--target", help="only this target (e.g. qwen3-8b)")
+    parser.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --scenario trace: a recorded trace (a Parquet file, a directory of "
+        "segments, or a packaged trace's name); repeat for one run per trace. See "
+        "docs/traces.md",
+    )
     parser.add_argument("--report-every", type=int, default=8, help="steps per step report")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this directory")
@@ -60,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         print("specctl bench: --steps must be at least 100", file=sys.stderr)
         return 2
     try:
-        scenarios = build_scenarios(args.scenario, args.steps, args.table, args.target)
+        scenarios = build_scenarios(
+            args.scenario, args.steps, args.table, args.target, trace=args.trace
+        )
         policies = (
             [p.strip() for p in args.policies.split(",") if p.strip()]
             if args.policies

@@ -38,6 +38,7 @@ from controller.arms import OFF, Arm
 from controller.engine.policy_view import PolicyView, compile_policy, fallback_view
 from controller.sidecar.book import PolicyBook
 from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+from controller.sim.table import TargetModel
 from controller.steps import StepRecord, decode_step_report, encode_step_report
 
 STEP_TIME_NOISE = 0.02  # log-normal sigma of a step's wall time
@@ -46,6 +47,42 @@ START_UNIX_S = 1_790_000_000.0
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+
+class SimWorld(Protocol):
+    """What the simulated engine and the oracle need of a world.
+
+    Two implement it: :class:`World`, drawn from a sweep table, and
+    :class:`~controller.sim.trace_world.TraceWorld`, replayed from a trace.
+    """
+
+    @property
+    def scenario(self) -> Scenario: ...
+
+    @property
+    def model(self) -> TargetModel: ...
+
+    step: int
+    batch_size: int
+    mix: FloatArray
+    expected_tokens: FloatArray  # [class, arm], now
+    cost: FloatArray  # [class, arm], in plain decode steps, now
+    slot_class: IntArray  # the class of each running request
+
+    def best_arm(self, class_id: int) -> int: ...
+
+    def apply_events(self) -> list[object]: ...
+
+    def run_round(self, request_arm: IntArray) -> tuple[IntArray, IntArray, FloatArray, float]: ...
+
+
+def make_world(scenario: Scenario, rng: np.random.Generator) -> SimWorld:
+    """The world a scenario runs in: a trace's replay, or draws from its table."""
+    from controller.sim.trace_world import TraceScenario, TraceWorld
+
+    if isinstance(scenario, TraceScenario):
+        return TraceWorld(scenario, rng)
+    return World(scenario, rng)
 
 
 class World:
@@ -206,7 +243,7 @@ class Link(Protocol):
 class SimulatedEngine:
     """The engine side of one simulated vLLM instance: sample arms, run the step, record it."""
 
-    def __init__(self, world: World, link: Link, *, seed: int) -> None:
+    def __init__(self, world: SimWorld, link: Link, *, seed: int) -> None:
         self.world = world
         self.link = link
         self.model = world.model

@@ -15,14 +15,14 @@ import numpy as np
 
 from controller.arms import OFF, Arm
 from controller.policy.base import Decision, Policy
-from controller.sim.engine import World
+from controller.sim.engine import SimWorld
 from controller.steps import StepBatch
 
 
 class OraclePolicy(Policy):
     policy_name = "oracle"
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: SimWorld) -> None:
         self.world = world
         self._class_id = {c: i for i, c in enumerate(world.model.classes)}
         self._offered: frozenset[Arm] = frozenset(world.model.arms)

@@ -239,13 +239,22 @@ SCENARIOS: dict[str, Callable[[Sequence[Row], int], list[Scenario]]] = {
 
 
 def build_scenarios(
-    name: str, steps: int, table: str | Path | None = None, target: str | None = None
+    name: str,
+    steps: int,
+    table: str | Path | None = None,
+    target: str | None = None,
+    trace: Sequence[str | Path] = (),
 ) -> list[Scenario]:
     """Scenarios by name (``all`` for every one); with ``table``, a user's sweep.
 
     A user table runs as scenario ``table``: ``target`` (or each target in the
-    table) with its datasets as classes, equal mix.
+    table) with its datasets as classes, equal mix. Scenario ``trace`` replays
+    each recorded trace in ``trace`` (:mod:`controller.sim.trace_world`).
     """
+    if name == "trace":
+        from controller.sim.trace_world import trace_scenarios
+
+        return list(trace_scenarios(trace, steps))
     rows = read_rows(table)
     if table is not None and name in ("table", "all"):
         chosen = [_find_target(rows, target)] if target else targets(rows)
@@ -263,7 +272,7 @@ def build_scenarios(
     build = SCENARIOS.get(name)
     if build is None:
         raise ValueError(
-            f"unknown scenario {name!r}; known: all, {', '.join(SCENARIOS)}"
+            f"unknown scenario {name!r}; known: all, {', '.join(SCENARIOS)}, trace (with --trace)"
             + (", table" if table is not None else "")
         )
     scenarios = build(rows, steps)
