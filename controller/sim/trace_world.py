@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -678,8 +677,3 @@ class TraceWorld:
             self.slot_class = self.replay.req_class[self.slot_req]
         self.step += 1
         return drafted, accepted, charged, step_time
-
-
-def drawn_share(world: TraceWorld) -> float:
-    """The share of request-rounds whose acceptance was drawn rather than replayed."""
-    return world.rounds_drawn / world.rounds_total if world.rounds_total else math.nan
