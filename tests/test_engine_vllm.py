@@ -26,8 +26,12 @@ from controller.steps import load_bucket_of
 pytestmark = pytest.mark.vllm
 
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=3", "ngram/k=4"]
-# Arms whose static goodput is within this fraction of the best arm's count as best.
-TOLERANCE = 0.25
+# A learned distribution must be worth this much of the best static arm's goodput (in the
+# sweep's terms) for each class; the greedy class must run off on few of its rounds.
+VALUE_TARGET = 0.85
+MAX_OFF_SHARE = 0.1
+SETTLED_ROUNDS = 3
+MAX_LEARNING_ROUNDS = 20
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 
@@ -57,6 +61,9 @@ def llm(sidecar: SidecarProcess, tiny_model: str) -> Iterator[Any]:
         "SPECCTL_REPORT_INTERVAL_S": "0.1",
         "SPECCTL_RECONNECT_MAX_S": "1.0",
         "SPECCTL_SEED": "0",
+        # CPU seconds of the engine: what the sweep's goodput is measured in, and free of
+        # the time other processes on a shared machine take
+        "SPECCTL_STEP_CLOCK": "process_cpu",
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -186,19 +193,54 @@ def _distribution(
     return {}
 
 
+def _arm_rounds(sidecar: SidecarProcess, workload_class: str) -> dict[str, float]:
+    """Request-rounds the engine ran per arm for a class, from the sidecar's /metrics."""
+    prefix = "specctl_arm_rounds_total{"
+    out: dict[str, float] = {}
+    for line in sidecar.metrics().splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, value = line[len(prefix) :].rsplit("} ", 1)
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        if fields.get("workload_class", "").strip('"') == workload_class:
+            arm = fields["arm"].strip('"')
+            out[arm] = out.get(arm, 0.0) + float(value)
+    return out
+
+
+def static_value(distribution: dict[str, float], goodput: dict[str, float]) -> float:
+    """Expected static goodput of running ``distribution``, relative to the best static arm.
+
+    What a distribution is worth in the sweep's own terms: a class where every
+    arm is within noise of the others passes with any distribution, a class
+    where one arm gains 1.7x fails when most of its mass is on ``off``.
+    """
+    best = max(goodput.values())
+    total = sum(distribution.values())
+    if total <= 0.0:
+        return 0.0
+    return sum(p * goodput[a] for a, p in distribution.items()) / total / best
+
+
 def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarProcess) -> None:
     # Static sweep: every arm pinned for each class in turn, three times interleaved; goodput
     # = output tokens / CPU seconds of the engine for a batch (on a CPU engine its time is
     # CPU time, and that does not move when other processes load the machine), the median of
-    # the three per arm. Learning batches have the same size (half of each class), so both
-    # land in the same load bucket.
+    # the three per arm. Learning batches have the same size, so both land in the same load
+    # bucket.
     n, max_tokens, repetitions = 32, 128, 3
-    samples: dict[tuple[str, str], list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
+    off_goodput: dict[str, list[float]] = {}
     assert sidecar.proc is not None
     sidecar_pid = sidecar.proc.pid
     counts: dict[str, tuple[int, int]] = {}
     for repetition in range(repetitions):
-        for arm in ARMS:
+        # each repetition measures every arm on the same prompts, in a rotated order, and
+        # compares it with off measured in the same repetition: slow drifts of the machine
+        # (other work starting and stopping) cancel out of the ratios
+        order = ARMS[repetition % len(ARMS) :] + ARMS[: repetition % len(ARMS)]
+        measured: dict[tuple[str, str], float] = {}
+        for arm in order:
             _pin(sidecar, arm)
             for c in ("greedy", "hot"):
                 d0, a0 = _spec_counters(llm)
@@ -207,12 +249,20 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
                 tokens, _ = _generate(llm, prompts, _params(c, n, max_tokens, 1000))
                 cpu = _engine_cpu_s(sidecar_pid) - cpu0
                 d1, a1 = _spec_counters(llm)
-                samples.setdefault((c, arm), []).append(sum(map(len, tokens)) / cpu)
+                measured[(c, arm)] = sum(map(len, tokens)) / cpu
                 if arm == "ngram/k=4":
                     d, a = counts.get(c, (0, 0))
                     counts[c] = (d + d1 - d0, a + a1 - a0)
+        for (c, arm), g in measured.items():
+            ratios.setdefault((c, arm), []).append(g / measured[(c, "off")])
+            if arm == "off":
+                off_goodput.setdefault(c, []).append(g)
     goodput = {
-        c: {arm: statistics.median(samples[(c, arm)]) for arm in ARMS} for c in ("greedy", "hot")
+        c: {
+            arm: statistics.median(off_goodput[c]) * statistics.median(ratios[(c, arm)])
+            for arm in ARMS
+        }
+        for c in ("greedy", "hot")
     }
     print("static sweep, output tokens per engine CPU second:", json.dumps(goodput, indent=1))
     print("ngram/k=4 (drafted, accepted):", counts)
@@ -221,35 +271,56 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
     hot_rate = counts["hot"][1] / max(counts["hot"][0], 1)
     assert counts["greedy"][0] > 0 and greedy_rate > 0.15, counts
     assert hot_rate < 0.05 and hot_rate * 4 < greedy_rate, counts
-    best_greedy = max(goodput["greedy"].values())
-    good_greedy = {a for a, g in goodput["greedy"].items() if g >= (1 - TOLERANCE) * best_greedy}
-    good_hot = {"off", "ngram/k=1"}
+    # Speculation pays for the greedy class: otherwise the test could not tell a policy
+    # stuck on off from a right one. And the criterion below does tell them apart.
+    spec_gain = max(goodput["greedy"].values()) / goodput["greedy"]["off"]
+    assert spec_gain >= 1.2, goodput["greedy"]
+    assert static_value({"off": 1.0}, goodput["greedy"]) < VALUE_TARGET - 0.05
 
-    # Learning: overrides cleared, both classes together, until both settle.
+    # Learning: overrides cleared, a batch of each class per round, until both settle for a
+    # few rounds in a row. Each round's arm choices are read from the engine's own record
+    # (request-rounds per arm) as well as from the pushed distribution.
     _pin(sidecar, "")
-    greedy_mass = hot_mass = 0.0
-    history = []
-    for round_ in range(20):
-        half, offset = n // 2, 200 + n * round_
-        prompts = _prompts(half, offset) + _prompts(half, offset + half)
-        params = _params("greedy", half, max_tokens) + _params(
-            "hot", half, max_tokens, 5000 + offset
-        )
-        _generate(llm, prompts, params)
+    history: list[tuple[float, float, float]] = []
+    settled = 0
+    before = _arm_rounds(sidecar, "greedy")
+    greedy_off_share = 1.0
+    for round_ in range(MAX_LEARNING_ROUNDS):
+        # one batch of each class, as in the sweep: in a batch shared with temperature-1.0
+        # requests, vLLM's CPU engine accepts far fewer of the greedy requests' drafts (at
+        # position 1, 0.17 instead of 0.43, by vLLM's own counters), so a mixed batch would
+        # be measured against a sweep it does not resemble
+        offset = 200 + 2 * n * round_
+        _generate(llm, _prompts(n, offset), _params("greedy", n, max_tokens))
+        _generate(llm, _prompts(n, offset + n), _params("hot", n, max_tokens, 5000 + offset))
         greedy = _distribution(sidecar, "greedy", n)
         hot = _distribution(sidecar, "hot", n)
-        greedy_mass = sum(p for a, p in greedy.items() if a in good_greedy)
-        hot_mass = sum(p for a, p in hot.items() if a in good_hot)
-        history.append((round(greedy_mass, 2), round(hot_mass, 2)))
-        print(f"round {round_}: greedy {greedy}, hot {hot}")
-        if round_ >= 3 and greedy_mass >= 0.5 and hot_mass >= 0.5:
+        after = _arm_rounds(sidecar, "greedy")
+        ran = {a: after.get(a, 0.0) - before.get(a, 0.0) for a in after}
+        before = after
+        greedy_off_share = ran.get("off", 0.0) / max(sum(ran.values()), 1.0)
+        values = (static_value(greedy, goodput["greedy"]), static_value(hot, goodput["hot"]))
+        history.append((round(values[0], 3), round(values[1], 3), round(greedy_off_share, 3)))
+        print(f"round {round_}: greedy {greedy}, hot {hot}, greedy ran off {greedy_off_share:.2f}")
+        good = min(values) >= VALUE_TARGET and greedy_off_share <= MAX_OFF_SHARE
+        settled = settled + 1 if good else 0
+        if settled >= SETTLED_ROUNDS:
             break
-    assert greedy_mass >= 0.5, (
-        f"greedy puts {greedy_mass:.2f} on arms within {TOLERANCE:.0%} of the best static "
-        f"goodput {sorted(good_greedy)}; (greedy, hot) mass per round: {history}"
-    )
-    assert hot_mass >= 0.5, (
-        f"hot puts {hot_mass:.2f} on off or ngram/k=1; (greedy, hot) mass per round: {history}"
+    for c in ("greedy", "hot"):
+        for ce in sidecar.evidence().classes:
+            if ce.workload_class == c and ce.rounds > 0:
+                print(f"evidence {c} bucket {ce.load_bucket}: {ce.explanation}")
+                for a in ce.arms:
+                    print(
+                        f"  {a.arm:<10} tokens {a.expected_tokens:.2f} step "
+                        f"{1e3 * a.expected_step_time_s:.2f} ms goodput {a.goodput:.0f} "
+                        f"p {a.probability:.2f}"
+                    )
+    assert settled >= SETTLED_ROUNDS, (
+        f"specctl did not settle within {MAX_LEARNING_ROUNDS} rounds on distributions worth "
+        f">= {VALUE_TARGET} of the best static arm per class with greedy running off <= "
+        f"{MAX_OFF_SHARE:.0%} of its rounds; per round (greedy value, hot value, greedy off "
+        f"share): {history}"
     )
 
 
