@@ -258,3 +258,20 @@ def test_trace_scenario_needs_a_trace(capsys) -> None:
     assert "scenario 'trace' needs a trace" in capsys.readouterr().err
     assert main(["bench", "--scenario", "trace", "--trace", "nope", "--steps", "200"]) == 2
     assert "is not a file or directory, nor a packaged trace" in capsys.readouterr().err
+
+
+def test_the_packaged_cpu_engine_trace_is_real_and_differs_by_class() -> None:
+    """The shipped trace from vLLM's CPU engine: three classes at the engine's K=4, with
+    acceptance that differs by class as the sampling temperature says it should."""
+    import numpy as np
+
+    from controller.trace.format import read_trace
+
+    trace = read_trace("tiny-cpu-ngram")
+    assert set(trace.classes) == {"greedy", "warm", "hot"}
+    assert int(trace.k.max()) == 4
+    accepted = {
+        c: float(trace.accepted[trace.class_index == i].mean()) for i, c in enumerate(trace.classes)
+    }
+    assert accepted["greedy"] > 2 * accepted["hot"], accepted
+    assert len(np.unique(trace.batch_size)) >= 3  # several loads for the step-time fit
