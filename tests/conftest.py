@@ -69,3 +69,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from controller.demo.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="session")
+def testbed_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """The testbed's target and its derived draft, built once per session: (target, draft)."""
+    from controller.demo.testbed_model import build_testbed_models
+
+    target, draft = build_testbed_models(tmp_path_factory.mktemp("testbed-models"))
+    return str(target), str(draft)

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SEED = 0
 VOCAB_SIZE = 512
@@ -32,18 +36,14 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(path: str | Path) -> Path:
-    """Write the model and tokenizer to ``path`` (a directory) unless already there."""
-    out = Path(path)
-    marker = out / _MARKER
-    if marker.exists():
-        return out
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on a few strings (deterministic), as a fast tokenizer.
 
-    import torch
+    Byte-level, so any text encodes; ``<s>``, ``</s>`` and ``<unk>`` are its special tokens.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -54,13 +54,27 @@ def build_tiny_model(path: str | Path) -> Path:
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
         model_max_length=MAX_MODEL_LEN,
     )
+
+
+def build_tiny_model(path: str | Path) -> Path:
+    """Write the model and tokenizer to ``path`` (a directory) unless already there."""
+    out = Path(path)
+    marker = out / _MARKER
+    if marker.exists():
+        return out
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast = build_tokenizer()
     fast.save_pretrained(out)
 
     torch.manual_seed(SEED)
