@@ -23,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evidence": ("controller.sidecar.evidence_cli", "print the evidence behind the policy"),
     "override": ("controller.sidecar.override_cli", "pin a workload class to an arm (admin)"),
     "replay": ("controller.replay.cli", "evaluate candidate policies offline on decision logs"),
-    "bench": ("controller.sim.bench_cli", "run every policy side by side on simulated scenarios"),
+    "bench": (
+        "controller.bench.cli",
+        "run every policy side by side: simulated, or on a real vLLM engine (--engine vllm)",
+    ),
     "simulate": ("controller.sim.simulate_cli", "drive a running sidecar with a simulated engine"),
 }
 

@@ -1,0 +1,551 @@
+"""The real-engine benchmark: every policy on one vLLM engine, phase by phase, repeated.
+
+One vLLM server (specctl's scheduler) runs for the whole benchmark, and one
+sidecar at a time at the same socket. For each repetition and each load
+phase, every policy runs one *segment* in an order rotated from phase to
+phase and repetition to repetition (so that no policy always runs first, or
+always right after a given one):
+
+- a static arm ``static:<arm>``: the reference sidecar (policy ``static``)
+  pins every class to the arm through its operator override, on the same
+  engine; ``static:off`` is no speculation;
+- a learning policy (``specctl`` and each peer): the sidecar is restarted with
+  ``--policy NAME``; the engine reconnects by itself. With ``carry_state``
+  (the default) the policy's sidecar keeps its state in a directory of its
+  own and restores it on its next start, so each learning policy goes
+  through the phases in order as if it alone had run through the load swing.
+
+A segment starts the phase's clients (see :mod:`.load`), lets them run
+unmeasured for ``settle_s`` (static arms: the closed loop ramping up) or
+``warmup_s`` (learning policies: the ramp-up, the reconnect and the policy
+adapting to the phase's load), then measures for the phase's ``seconds``: the
+committed tokens per class (the sidecar's request-rounds plus accepted
+drafts, what the engine reported), the engine's CPU seconds (engine core and
+model workers, :func:`~.processes.engine_cpu_seconds`) and the wall time. The
+clients are then cancelled and the engine drained before the next segment.
+Learning policies' evidence is sampled every ``sample_every_s`` (the
+timeline: arm probabilities and decision stability per context).
+
+:mod:`.analysis` turns the segments into goodput, the oracle and the ratios.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
+from controller.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer, metric_sum
+from controller.bench.workload import Workload, learning_policies
+
+REFERENCE_SIDECAR = "static"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy of the benchmark: a static arm pinned by override, or a learning policy."""
+
+    name: str
+    static_arm: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def learning(self) -> bool:
+        return self.static_arm is None
+
+
+def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> list[PolicyRun]:
+    """The policies to run, in the order given: ``static`` expands to every static arm of
+    the workload (``static:<arm>``); default: every static arm, specctl, every peer."""
+    chosen = list(names or workload.bench.policies or ["static", *learning_policies()])
+    runs: dict[str, PolicyRun] = {}
+    for name in chosen:
+        if name == "static":
+            for arm in workload.static_arms():
+                runs.setdefault(f"static:{arm}", PolicyRun(f"static:{arm}", static_arm=arm))
+        elif name.startswith("static:"):
+            runs.setdefault(name, PolicyRun(name, static_arm=name.removeprefix("static:")))
+        else:
+            runs.setdefault(name, PolicyRun(name, params=workload.policy_params.get(name, {})))
+    return list(runs.values())
+
+
+def rotated(runs: Sequence[PolicyRun], offset: int) -> list[PolicyRun]:
+    k = offset % len(runs) if runs else 0
+    return [*runs[k:], *runs[:k]]
+
+
+def schedule(
+    workload: Workload, runs: Sequence[PolicyRun], repetitions: int
+) -> list[tuple[int, int, PolicyRun]]:
+    """(repetition, phase index, policy) in the order they run."""
+    out = []
+    for rep in range(repetitions):
+        for p in range(len(workload.phases)):
+            for run in rotated(runs, rep * len(workload.phases) + p):
+                out.append((rep, p, run))
+    return out
+
+
+def estimate_seconds(workload: Workload, runs: Sequence[PolicyRun], repetitions: int) -> float:
+    """What the segments take, without engine start-up and switching."""
+    total = 0.0
+    for _, p, run in schedule(workload, runs, repetitions):
+        lead = workload.bench.warmup_s if run.learning else workload.bench.settle_s
+        total += lead + workload.phases[p].seconds
+    return total
+
+
+def prepare_model(workload: Workload, models_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The target model's directory and vLLM's speculative_config, building a built-in
+    model (seeded, cached under ``models_dir``) when the workload names one."""
+    spec = dict(workload.speculative)
+    m = workload.model
+    if m.builtin == "testbed":
+        from controller.demo.testbed_model import TestbedConfig, build_testbed_models
+
+        config = TestbedConfig(**dict(m.testbed))
+        digest = hashlib.sha256(json.dumps(config.to_json(), sort_keys=True).encode())
+        target, draft = build_testbed_models(
+            models_dir / f"testbed-{digest.hexdigest()[:10]}", config
+        )
+        if spec["method"] == "draft_model" and "model" not in spec:
+            spec["model"] = str(draft)
+        return str(target), spec
+    if m.builtin == "tiny":
+        from controller.demo.tiny_model import build_tiny_model
+
+        return str(build_tiny_model(models_dir / "tiny")), spec
+    assert m.path is not None
+    if not m.path.is_dir():
+        raise FileNotFoundError(f"model.path {m.path} is not a directory")
+    return str(m.path), spec
+
+
+@dataclass
+class Reading:
+    """Counters at one instant: engine CPU seconds and the sidecar's per-class counters."""
+
+    t: float
+    engine_cpu_s: float
+    worker_cpu_s: float
+    arm_rounds: dict[tuple[str, str], float]
+    accepted: dict[str, float]
+    drafted: dict[str, float]
+    # seconds the sidecar's scrape took (the uncertainty of ``t``)
+    scrape_s: float = 0.0
+
+
+@dataclass
+class BenchOptions:
+    out: Path
+    models_dir: Path
+    repetitions: int | None = None
+    warmup_s: float | None = None
+    policies: Sequence[str] | None = None
+    seed: int = 0
+    port: int = 0
+    progress: Progress | None = None
+    # called with each evidence sample of a learning policy (a list of timeline rows)
+    on_sample: Callable[[dict[str, Any], list[dict[str, Any]]], None] | None = None
+    # called after each segment with its record
+    on_segment: Callable[[dict[str, Any]], None] | None = None
+
+
+class EngineBench:
+    """Runs a workload's schedule on one engine; :meth:`run` returns the segments and the
+    timeline (raw measurements), which :func:`controller.bench.analysis.summarize` reads."""
+
+    def __init__(self, workload: Workload, options: BenchOptions) -> None:
+        self.workload = workload
+        self.options = options
+        self.repetitions = options.repetitions or workload.bench.repetitions
+        self.warmup_s = workload.bench.warmup_s if options.warmup_s is None else options.warmup_s
+        self.runs = expand_policies(workload, options.policies)
+        if not self.runs:
+            raise ValueError("no policies to run")
+        from controller.sidecar.config import PolicyConfig
+
+        self.bounds = tuple(workload.load_bucket_bounds or PolicyConfig().load_bucket_bounds)
+        self.started = time.monotonic()
+        self.segments: list[dict[str, Any]] = []
+        self.timeline: list[dict[str, Any]] = []
+        self.engine_info: dict[str, Any] = {}
+        self._sidecar: SidecarProcess | None = None
+        self._server: VllmServer | None = None
+        self._sidecar_mode = ""  # "static" or a learning policy's name
+        self._state_root: Path | None = None
+        self._pools: dict[str, PromptPool] = {}
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def progress(self, line: str) -> None:
+        if self.options.progress is not None:
+            self.options.progress(line)
+
+    def read(self) -> Reading:
+        """The sidecar's counters, with the engine's CPU time and the clock read on both
+        sides of the scrape: their midpoint is the reading's instant ``t`` (a scrape can
+        take a while on a loaded machine)."""
+        assert self._sidecar is not None and self._server is not None
+        cpu0, worker0 = self._server.cpu_seconds()
+        t0 = time.monotonic()
+        side = self._sidecar.metrics()
+        t1 = time.monotonic()
+        cpu1, worker1 = self._server.cpu_seconds()
+        rounds: dict[tuple[str, str], float] = {}
+        accepted: dict[str, float] = {}
+        drafted: dict[str, float] = {}
+        for s in side:
+            c = s.labels.get("workload_class", "")
+            if s.name == "specctl_arm_rounds_total":
+                key = (c, s.labels.get("arm", ""))
+                rounds[key] = rounds.get(key, 0.0) + s.value
+            elif s.name == "specctl_accepted_tokens_total":
+                accepted[c] = accepted.get(c, 0.0) + s.value
+            elif s.name == "specctl_draft_tokens_total":
+                drafted[c] = drafted.get(c, 0.0) + s.value
+        return Reading(
+            t=(t0 + t1) / 2,
+            engine_cpu_s=(cpu0 + cpu1) / 2,
+            worker_cpu_s=(worker0 + worker1) / 2,
+            arm_rounds=rounds,
+            accepted=accepted,
+            drafted=drafted,
+            scrape_s=t1 - t0,
+        )
+
+    def vllm_tokens(self) -> tuple[float, float]:
+        """vLLM's own count of generated tokens and the instant it was read (the middle of
+        the scrape): a cross-check, read off the measurement's path (its scrape goes
+        through the busy API server and can take seconds, so it is compared as a rate over
+        its own interval)."""
+        assert self._server is not None
+        t0 = time.monotonic()
+        value = metric_sum(self._server.metrics(), "vllm:generation_tokens_total")
+        return value, (t0 + time.monotonic()) / 2
+
+    def _use_policy(self, run: PolicyRun) -> None:
+        """Point the engine at ``run``: re-pin the reference sidecar, or restart the
+        sidecar with the learning policy."""
+        assert self._sidecar is not None
+        sidecar = self._sidecar
+        if run.learning:
+            from controller.policy.registry import make_policy
+
+            state_dir = None
+            fresh = False
+            if self.workload.bench.carry_state and self._state_root is not None:
+                state_dir = self._state_root / run.name
+                fresh = not hasattr(make_policy(run.name, dict(run.params)), "state_dict")
+            sidecar.start(run.name, run.params, state_dir=state_dir, fresh_from_log=fresh)
+            self._sidecar_mode = run.name
+        else:
+            if self._sidecar_mode != REFERENCE_SIDECAR:
+                sidecar.start(REFERENCE_SIDECAR, {"arm": "off"})
+                self._sidecar_mode = REFERENCE_SIDECAR
+            assert run.static_arm is not None
+            for c in self.workload.classes:
+                sidecar.override(c.name, run.static_arm)
+        sidecar.wait_connected()
+        if not run.learning:
+            time.sleep(0.6)  # the pinned policy is pushed (min_push_interval_s 0.5 s)
+
+    def _evidence_rows(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
+        from controller.sidecar.stability import stability_by_context
+        from controller.steps import load_bucket_of
+
+        assert self._sidecar is not None
+        response = self._sidecar.evidence()
+        stability = stability_by_context(response)
+        classes = {c.name for c in self.workload.classes}
+        current = load_bucket_of(
+            self.workload.phases[meta["phase_index"]].total_concurrency, self.bounds
+        )
+        rows = []
+        t = round(self.elapsed(), 2)
+        for ce in response.classes:
+            if ce.workload_class not in classes:
+                continue
+            bucket = int(ce.load_bucket)
+            if ce.rounds <= 0 and bucket != current:
+                continue
+            probs = {a.arm: round(float(a.probability), 4) for a in ce.arms}
+            top = max(probs, key=lambda a: probs[a]) if probs else ""
+            st = stability.get((ce.workload_class, bucket))
+            rows.append(
+                {
+                    "t": t,
+                    "segment": meta["segment"],
+                    "policy": meta["policy"],
+                    "repetition": meta["repetition"],
+                    "phase": meta["phase"],
+                    "measured": meta.get("measured", False),
+                    "class": ce.workload_class,
+                    "bucket": bucket,
+                    "current": bucket == current,
+                    "rounds": round(float(ce.rounds), 1),
+                    "probabilities": probs,
+                    "top_arm": top,
+                    "top_p": probs.get(top, 0.0),
+                    "mode_arm": st.mode.name if st else top,
+                    "mode_dwell_s": round(st.mode_dwell_s, 2) if st else None,
+                    "mode_flips_total": st.mode_flips_total if st else None,
+                    "changes_total": st.changes_total if st else None,
+                    "change_tv_total": round(st.change_tv_total, 4) if st else None,
+                    "explanation": ce.explanation or ce.override_arm,
+                }
+            )
+        return rows
+
+    # -- one segment ---------------------------------------------------------------------
+
+    def run_segment(self, rep: int, phase_index: int, position: int, run: PolicyRun) -> dict:
+        assert self._server is not None
+        phase = self.workload.phases[phase_index]
+        clients = phase.clients(self.workload.classes)
+        lead = self.warmup_s if run.learning else self.workload.bench.settle_s
+        index = len(self.segments)
+        meta: dict[str, Any] = {
+            "segment": index,
+            "policy": run.name,
+            "repetition": rep,
+            "phase": phase.name,
+            "phase_index": phase_index,
+        }
+        self.progress(
+            f"rep {rep + 1}/{self.repetitions} phase {phase.name} (concurrency "
+            f"{phase.total_concurrency}) {run.name}: "
+            f"{'warm-up' if run.learning else 'settle'} {lead:.0f} s, measure {phase.seconds:.0f} s"
+        )
+        t_switch = time.monotonic()
+        self._use_policy(run)
+        switch_s = time.monotonic() - t_switch
+        started_s = self.elapsed()
+        start, end, (vllm_tokens, vllm_window), stats = asyncio.run(
+            self._drive(run, phase.seconds, lead, clients, rep, meta)
+        )
+        window = end.t - start.t
+        per_class: dict[str, dict[str, Any]] = {}
+        for c in self.workload.classes:
+            arm_rounds = {
+                arm: end.arm_rounds.get((c.name, arm), 0.0)
+                - start.arm_rounds.get((c.name, arm), 0.0)
+                for arm in sorted({a for (k, a) in end.arm_rounds if k == c.name})
+            }
+            arm_rounds = {a: round(v) for a, v in arm_rounds.items() if v > 0}
+            rounds = sum(arm_rounds.values())
+            accepted = end.accepted.get(c.name, 0.0) - start.accepted.get(c.name, 0.0)
+            drafted = end.drafted.get(c.name, 0.0) - start.drafted.get(c.name, 0.0)
+            s = stats[c.name] if c.name in stats else None
+            per_class[c.name] = {
+                "clients": clients.get(c.name, 0),
+                "tokens": round(rounds + accepted),
+                "rounds": rounds,
+                "accepted": round(accepted),
+                "drafted": round(drafted),
+                "arm_rounds": arm_rounds,
+                "completed": s.completed if s else 0,
+                "failed": s.failed if s else 0,
+                "errors": s.errors if s else [],
+            }
+        record: dict[str, Any] = {
+            "index": index,
+            "repetition": rep,
+            "phase": phase.name,
+            "position": position,
+            "policy": run.name,
+            "learning": run.learning,
+            "started_s": round(started_s, 2),
+            "switch_s": round(switch_s, 2),
+            "unmeasured_s": lead,
+            "window_s": round(window, 4),
+            "engine_cpu_s": round(end.engine_cpu_s - start.engine_cpu_s, 4),
+            "worker_cpu_s": round(end.worker_cpu_s - start.worker_cpu_s, 4),
+            "vllm_generation_tokens": round(vllm_tokens),
+            "vllm_window_s": round(vllm_window, 4),
+            "scrape_s": [round(start.scrape_s, 3), round(end.scrape_s, 3)],
+            "classes": per_class,
+        }
+        self.segments.append(record)
+        tokens = sum(c["tokens"] for c in per_class.values())
+        failed = sum(c["failed"] for c in per_class.values())
+        offs = [
+            f"{name} {c['arm_rounds'].get('off', 0) / c['rounds']:.0%}"
+            for name, c in per_class.items()
+            if c["rounds"]
+        ]
+        self.progress(
+            f"    {run.name}: {tokens / max(record['engine_cpu_s'], 1e-9):.1f} tok/engine CPU s, "
+            f"{tokens / max(window, 1e-9):.1f} tok/s; off: {', '.join(offs)}"
+            + (f"; {failed} failed requests" if failed else "")
+        )
+        if self.options.on_segment is not None:
+            self.options.on_segment(record)
+        return record
+
+    async def _drive(
+        self,
+        run: PolicyRun,
+        seconds: float,
+        lead: float,
+        clients: Mapping[str, int],
+        rep: int,
+        meta: dict[str, Any],
+    ) -> tuple[Reading, Reading, tuple[float, float], dict[str, Any]]:
+        assert self._server is not None
+        stop = asyncio.Event()
+        generator = LoadGenerator(
+            self._server.base_url, SERVED_MODEL_NAME, self.workload.classes, self._pools
+        )
+        phase_index = meta["phase_index"]
+        load = asyncio.create_task(
+            generator.run(
+                {c: n for c, n in clients.items() if n > 0},
+                (self.options.seed, rep, phase_index),
+                stop,
+            )
+        )
+        sampler: asyncio.Task[None] | None = None
+        if run.learning:
+            sampler = asyncio.create_task(self._sample(meta, stop))
+        try:
+            await self._sleep_watching(lead, load)
+            start = await asyncio.to_thread(self.read)
+            vllm_start = asyncio.create_task(asyncio.to_thread(self.vllm_tokens))
+            meta["measured"] = True
+            # the end reading's instant is the middle of its scrape: start that early
+            lead_in = min(start.scrape_s / 2, 0.5)
+            await self._sleep_watching(start.t + seconds - lead_in - time.monotonic(), load)
+            end = await asyncio.to_thread(self.read)
+            vllm_end = await asyncio.to_thread(self.vllm_tokens)
+            vllm_begin = await vllm_start
+            vllm = (vllm_end[0] - vllm_begin[0], vllm_end[1] - vllm_begin[1])
+        finally:
+            stop.set()
+            stats = await load
+            if sampler is not None:
+                await sampler
+        await asyncio.to_thread(self._server.wait_idle)
+        return start, end, vllm, stats
+
+    async def _sleep_watching(self, seconds: float, load: asyncio.Task[Any]) -> None:
+        """Sleep, checking that the engine and the sidecar are alive."""
+        assert self._server is not None and self._sidecar is not None
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(1.0, left))
+            if load.done():
+                load.result()  # raises what stopped the clients
+            self._server.check_alive()
+            self._sidecar.check_alive()
+
+    async def _sample(self, meta: dict[str, Any], stop: asyncio.Event) -> None:
+        every = self.workload.bench.sample_every_s
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=every)
+                return
+            except TimeoutError:
+                pass
+            try:
+                rows = await asyncio.to_thread(self._evidence_rows, dict(meta))
+            except Exception as exc:  # a missed sample only leaves a gap in the timeline
+                self.progress(f"    (evidence sample failed: {type(exc).__name__}: {exc})")
+                continue
+            self.timeline.extend(rows)
+            if self.options.on_sample is not None:
+                self.options.on_sample(meta, rows)
+
+    # -- the whole run -------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Start the engine and the sidecar, run every segment, stop both (also on error or
+        Ctrl-C); returns the raw measurements."""
+        out = self.options.out
+        logs = out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="specctl-b-"))  # short: a unix socket path
+        self._state_root = workdir / "state"
+        try:
+            self.progress(f"preparing the model ({self.workload.model.label}) ...")
+            t0 = time.monotonic()
+            model, spec = prepare_model(self.workload, self.options.models_dir)
+            build_s = time.monotonic() - t0
+            tokenizer = load_tokenizer(model)
+            self._pools = {
+                c.name: PromptPool(read_prompts(c.prompts), tokenizer, c)
+                for c in self.workload.classes
+            }
+            self._sidecar = SidecarProcess(workdir, logs, self.workload.load_bucket_bounds)
+            self._sidecar.start(REFERENCE_SIDECAR, {"arm": "off"})
+            self._sidecar_mode = REFERENCE_SIDECAR
+            m = self.workload.model
+            self._server = VllmServer(
+                model=model,
+                speculative=spec,
+                sidecar_address=self._sidecar.address,
+                log_path=logs / "vllm.log",
+                dtype=m.dtype,
+                max_model_len=m.max_model_len,
+                max_num_seqs=m.max_num_seqs,
+                step_clock=self.workload.step_clock,
+                env=self.workload.engine_env,
+                extra_args=self.workload.engine_args,
+                seed=self.options.seed,
+                port=self.options.port,
+            )
+            self.progress("starting vLLM with specctl's scheduler ...")
+            start_s = self._server.start()
+            self.progress(f"vLLM up in {start_s:.0f} s on {self._server.base_url}")
+            self.engine_info = {
+                "model": model,
+                "speculative_config": spec,
+                "arms": self.workload.arms(),
+                "load_bucket_bounds": list(self.bounds),
+                "model_build_s": round(build_s, 1),
+                "engine_start_s": round(start_s, 1),
+                "command": self._server.cmd,
+            }
+            plan = schedule(self.workload, self.runs, self.repetitions)
+            self.progress(
+                f"{len(plan)} segments ({len(self.runs)} policies x {len(self.workload.phases)} "
+                f"phases x {self.repetitions} repetitions), about "
+                f"{estimate_seconds(self.workload, self.runs, self.repetitions) / 60:.1f} min "
+                "of load"
+            )
+            positions: dict[tuple[int, int], int] = {}
+            for rep, p, run in plan:
+                pos = positions.get((rep, p), 0)
+                positions[(rep, p)] = pos + 1
+                self.run_segment(rep, p, pos, run)
+        finally:
+            if self._server is not None:
+                self._server.stop()
+            if self._sidecar is not None:
+                self._sidecar.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+        return {
+            "engine": self.engine_info,
+            "segments": self.segments,
+            "timeline": self.timeline,
+            "repetitions": self.repetitions,
+            "warmup_s": self.warmup_s,
+            "policies": [
+                {"name": r.name, "static_arm": r.static_arm, "params": dict(r.params)}
+                for r in self.runs
+            ],
+            "elapsed_s": round(self.elapsed(), 1),
+        }

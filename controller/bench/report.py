@@ -1,0 +1,122 @@
+"""The real-engine benchmark's JSON document and its text summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from controller.bench.analysis import CLOCKS, SPECCTL, summarize
+from controller.bench.workload import Workload
+
+GOODPUT = (
+    "committed tokens (per request-round: 1 + accepted drafts, as the engine reported them) "
+    "per second: 'cpu' per engine CPU second (vLLM's engine core and model workers), 'wall' "
+    "per second of the measured window"
+)
+WARMUP = (
+    "each segment measures its phase's 'seconds' after an unmeasured lead: warmup_s for a "
+    "learning policy (ramp-up, reconnect, adapting to the phase), settle_s for a static arm "
+    "(ramp-up)"
+)
+
+
+def benchmark_json(workload: Workload, raw: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """Everything the run measured and derived; ``policies`` is keyed by policy name."""
+    summary = summarize(
+        raw,
+        classes=[c.name for c in workload.classes],
+        phases=[(p.name, p.seconds) for p in workload.phases],
+    )
+    return {
+        "benchmark": "engine",
+        "workload": workload.to_json(),
+        "engine": raw["engine"],
+        "goodput": GOODPUT,
+        "clocks": dict(CLOCKS),
+        "measurement": {
+            "warmup_s": raw["warmup_s"],
+            "settle_s": workload.bench.settle_s,
+            "carry_state": workload.bench.carry_state,
+            "what": WARMUP,
+            "oracle": "per (phase, class) the static arm with the highest median class goodput "
+            "over the repetitions, compared per repetition with that arm's own measurement",
+        },
+        "repetitions": raw["repetitions"],
+        "seed": seed,
+        "elapsed_s": raw["elapsed_s"],
+        "headline": summary["headline"],
+        "oracle": summary["oracle"],
+        "policies": summary["policies"],
+        "segments": raw["segments"],
+        "timeline": raw["timeline"],
+    }
+
+
+def _f(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _spread(s: Mapping[str, Any]) -> str:
+    if s["median"] is None:
+        return "-"
+    if s["min"] == s["max"]:
+        return f"{s['median']:.3f}"
+    return f"{s['median']:.3f} ({s['min']:.2f}-{s['max']:.2f})"
+
+
+def format_report(out: Mapping[str, Any]) -> str:
+    """Per policy the medians (and spread over repetitions) per engine CPU second and per
+    wall second; the oracle's arms; specctl's per-repetition ratios and off shares."""
+    lines = [
+        f"{'policy':<24} {'variant':<11} {'tok/CPU s':>10} {'vs oracle':>20} "
+        f"{'vs best static':>20} {'vs no spec':>20} {'tok/s':>8} {'wall vs oracle':>15}"
+    ]
+    for name, p in out["policies"].items():
+        cpu, wall = p["cpu"], p["wall"]
+        lines.append(
+            f"{name:<24} {p['variant']:<11} {_f(cpu['goodput']['median'], '.1f'):>10} "
+            f"{_spread(cpu['vs_oracle']):>20} {_spread(cpu['vs_best_static']):>20} "
+            f"{_spread(cpu['vs_no_spec']):>20} {_f(wall['goodput']['median'], '.1f'):>8} "
+            f"{_f(wall['vs_oracle']['median']):>15}"
+        )
+    o = out["oracle"]["cpu"]
+    lines.append("")
+    lines.append(
+        "oracle (best static arm per phase and class, per engine CPU second): "
+        + "; ".join(
+            f"{phase}: " + ", ".join(f"{c} {a}" for c, a in arms.items())
+            for phase, arms in o["arms"].items()
+        )
+    )
+    lines.append(f"best single static arm: {o['best_static_arm']}")
+    if SPECCTL in out["policies"]:
+        h = out["headline"]
+        for clock in CLOCKS:
+            e = h[clock]
+            parts = [
+                f"oracle {_reps(e['vs_oracle'])}",
+                f"best static {_reps(e['vs_best_static'])}",
+                f"no spec {_reps(e['vs_no_spec'])}",
+            ] + [f"{peer} {_reps(s)}" for peer, s in e["vs_peers"].items()]
+            lines.append(f"specctl per repetition ({clock}) vs: " + "; ".join(parts))
+        lines.append(
+            "request-rounds run off by specctl: "
+            + ", ".join(f"{c} {_f(s, '.0%')}" for c, s in h["off_share"].items())
+        )
+    lines.append("")
+    lines.append("phases (tok/CPU s, median; vs oracle)")
+    phases = list(out["oracle"]["cpu"]["arms"])
+    lines.append(f"{'policy':<24} " + " ".join(f"{p:>22}" for p in phases))
+    for name, p in out["policies"].items():
+        cells = []
+        for ph in phases:
+            e = p["cpu"]["phases"][ph]
+            cells.append(
+                f"{_f(e['goodput']['median'], '.1f'):>13} {_f(e['vs_oracle']['median']):>8}"
+            )
+        lines.append(f"{name:<24} " + " ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def _reps(s: Mapping[str, Any]) -> str:
+    return " ".join(_f(v) for v in s["per_repetition"])

@@ -1,0 +1,1 @@
+"""Workload files shipped with specctl: ``specctl bench --engine vllm --workload NAME``."""

@@ -1,0 +1,261 @@
+"""Workload files of the real-engine benchmark, its schedule and its analysis, without vLLM.
+
+A workload file is the benchmark's whole input, so every mistake in one must
+be refused with a message that names the key; and the ratios the benchmark
+reports must follow from its measurements by the documented rules.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.bench.analysis import summarize
+from controller.bench.engine_bench import expand_policies, rotated, schedule
+from controller.bench.report import format_report
+from controller.bench.workload import (
+    WorkloadError,
+    load_workload,
+    packaged_workloads,
+    parse_workload,
+    split_by_share,
+)
+
+MINIMAL = """
+[[class]]
+name = "greedy"
+sampling = { temperature = 0.0 }
+
+[[class]]
+name = "hot"
+sampling = { temperature = 1.0 }
+
+[[phase]]
+concurrency = 4
+seconds = 10
+"""
+
+
+def _parse(text: str, tmp_path: Path | None = None) -> Any:
+    return parse_workload(tomllib.loads(text), "w.toml", tmp_path)
+
+
+def test_packaged_workloads_load() -> None:
+    assert {"demo", "testbed-three-classes"} <= set(packaged_workloads())
+    demo = load_workload("demo")
+    assert demo.model.builtin == "testbed"
+    assert [c.name for c in demo.classes] == ["greedy", "warm", "hot"]
+    swing = load_workload("testbed-three-classes")
+    assert len(swing.classes) >= 3
+    loads = [p.total_concurrency for p in swing.phases]
+    assert loads[0] < max(loads) and loads[-1] < max(loads)  # low -> high -> low
+    assert swing.static_arms() == swing.arms()
+    assert swing.arms() == ["off"] + [f"draft_model/k={k}" for k in range(1, 5)]
+
+
+def test_defaults_of_a_minimal_file() -> None:
+    w = _parse(MINIMAL)
+    assert w.model.builtin == "testbed" and w.drafter == "draft_model" and w.max_k == 4
+    assert w.step_clock == "process_cpu"
+    assert w.bench.repetitions == 3 and w.bench.carry_state
+    assert w.phases[0].clients(w.classes) == {"greedy": 2, "hot": 2}
+    assert w.classes[0].output_tokens == (64, 64) and w.classes[0].prompt_tokens is None
+    tiny = _parse('[model]\nbuiltin = "tiny"\n' + MINIMAL)
+    assert tiny.drafter == "ngram" and tiny.arms()[-1] == "ngram/k=4"
+    json.dumps(w.to_json())  # the JSON of the run carries the workload
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("concurency = 3\n" + MINIMAL, "concurency: unknown key"),
+        (MINIMAL.replace("sampling =", "temprature = 0\nsampling ="), "class[0].temprature"),
+        (MINIMAL.replace("temperature = 1.0", "temperature = -1"), "class[1].sampling.temperature"),
+        (MINIMAL.replace("temperature = 1.0", "temp = 1"), "class[1].sampling.temp: unknown key"),
+        (MINIMAL.replace("temperature = 1.0", 'temperature = "hot"'), "must be a number"),
+        (MINIMAL.replace("seconds = 10", ""), "phase[0].seconds: is required"),
+        (MINIMAL.replace("seconds = 10", "seconds = 0"), "phase[0].seconds"),
+        (MINIMAL.replace("concurrency = 4", "concurrency = 0"), "concurrency=0: must be >= 1"),
+        (MINIMAL.replace("concurrency = 4", "concurrency = 99"), "model.max_num_seqs=32"),
+        (MINIMAL.replace("concurrency = 4", "concurrency = 2.5"), "must be an integer"),
+        (MINIMAL.replace("concurrency = 4", "concurrency = { greedy = 1, cold = 1 }"),
+         "phase[0].concurrency.cold: unknown key"),
+        (MINIMAL.replace('name = "hot"', 'name = "greedy"'), "name='greedy': appears twice"),
+        (MINIMAL.replace('name = "hot"', 'name = "hot class"'), "class[1].name"),
+        (MINIMAL.replace('name = "hot"\n', 'name = "hot"\nshare = -1\n'), "class[1].share"),
+        (MINIMAL.replace('name = "hot"\n', 'name = "hot"\noutput_tokens = [8, 4]\n'),
+         "class[1].output_tokens"),
+        (MINIMAL.replace('name = "hot"\n', 'name = "hot"\noutput_tokens = 600\n'),
+         "model.max_model_len=512"),
+        (MINIMAL.replace('name = "hot"\n', 'name = "hot"\nprompts = "missing.txt"\n'),
+         "class[1].prompts='missing.txt': no such file"),
+        (MINIMAL.replace('name = "hot"\n', 'name = "hot"\nprompts = "p.csv"\n'), ".jsonl"),
+        ("[bench]\nstatic_arms = ['ngram/k=2']\n" + MINIMAL, "bench.static_arms[0]"),
+        ("[bench]\npolicies = ['specctl', 'sglang']\n" + MINIMAL, "bench.policies[1]='sglang'"),
+        ("[bench]\nrepetitions = 0\n" + MINIMAL, "bench.repetitions=0"),
+        ("[bench]\nwarmup = 3\n" + MINIMAL, "bench.warmup: unknown key"),
+        ("[model]\nbuiltin = 'llama'\n" + MINIMAL, "model.builtin='llama'"),
+        ("[model]\nbuiltin = 'tiny'\npath = '/m'\n" + MINIMAL, "either builtin or path"),
+        ("[model]\npath = '/m'\n" + MINIMAL, "speculative: is required"),
+        ("[model]\ntestbed = { hidden = 64 }\n" + MINIMAL, "model.testbed.hidden: unknown key"),
+        ("[model]\ntestbed = { hidden_size = 100 }\n" + MINIMAL, "model.testbed: hidden_size"),
+        ("[speculative]\nmethod = 'ngram'\nnum_speculative_tokens = 0\n" + MINIMAL,
+         "speculative.num_speculative_tokens=0"),
+        ("[speculative]\nmethod = 'Bad/Name'\nnum_speculative_tokens = 2\n" + MINIMAL,
+         "speculative.method"),
+        ("[engine]\nstep_clock = 'cpu'\n" + MINIMAL, "engine.step_clock='cpu'"),
+        ("[sidecar.params.specctl]\ndiscount = 2\n" + MINIMAL, "sidecar.params.specctl"),
+        ("[sidecar.params.nope]\nx = 1\n" + MINIMAL, "sidecar.params.nope: unknown policy"),
+        ("[sidecar]\nload_bucket_bounds = [8, 4]\n" + MINIMAL, "must increase"),
+        ("[[phase]]\nconcurrency = 1\nseconds = 1\n", "class: at least one"),
+        ('[[class]]\nname = "a"\n', "phase: at least one"),
+    ],
+)  # fmt: skip
+def test_bad_workloads_name_the_key(text: str, expected: str, tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError) as info:
+        _parse(text, tmp_path)
+    assert expected in str(info.value)
+    assert str(info.value).startswith("w.toml: ")
+
+
+def test_files_relative_to_the_workload_and_bad_toml(tmp_path: Path) -> None:
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello there"}\n')
+    path = tmp_path / "w.toml"
+    path.write_text(MINIMAL.replace('name = "hot"\n', 'name = "hot"\nprompts = "prompts.jsonl"\n'))
+    w = load_workload(path)
+    assert w.classes[1].prompts == str(tmp_path / "prompts.jsonl")
+    path.write_text("[[class]\n")
+    with pytest.raises(WorkloadError, match="not valid TOML"):
+        load_workload(path)
+    with pytest.raises(WorkloadError, match="no packaged workload"):
+        load_workload("no-such-workload")
+
+
+def test_split_by_share() -> None:
+    assert split_by_share(3, {"a": 1, "b": 1, "c": 1}) == {"a": 1, "b": 1, "c": 1}
+    assert split_by_share(24, {"a": 1, "b": 1, "c": 1}) == {"a": 8, "b": 8, "c": 8}
+    assert split_by_share(10, {"a": 3, "b": 1}) == {"a": 7, "b": 3}
+    assert split_by_share(2, {"a": 1, "b": 1, "c": 1}) == {"a": 1, "b": 1, "c": 0}
+    for total in range(1, 40):
+        assert sum(split_by_share(total, {"a": 0.2, "b": 0.5, "c": 0.3}).values()) == total
+
+
+def test_schedule_runs_every_policy_once_per_phase_in_rotated_orders() -> None:
+    second = "[[phase]]\nconcurrency = 8\nseconds = 10\n"
+    w = _parse('[bench]\nstatic_arms = ["off", "draft_model/k=2"]\n' + MINIMAL + second)
+    runs = expand_policies(w, ["static", "specctl", "sglang-ema"])
+    assert [r.name for r in runs] == [
+        "static:off", "static:draft_model/k=2", "specctl", "sglang-ema"
+    ]  # fmt: skip
+    assert [r.learning for r in runs] == [False, False, True, True]
+    plan = schedule(w, runs, repetitions=2)
+    assert len(plan) == 2 * len(w.phases) * len(runs)
+    orders = []
+    for rep in range(2):
+        for p in range(len(w.phases)):
+            names = [x.name for r, q, x in plan if (r, q) == (rep, p)]
+            assert sorted(names) == sorted(x.name for x in runs)
+            orders.append(names)
+    assert len({tuple(o) for o in orders}) == len(orders)  # every phase in another order
+    assert rotated(runs, 1)[0].name == "static:draft_model/k=2"
+
+
+# --- analysis --------------------------------------------------------------------------
+
+CLASSES = ["greedy", "hot"]
+PHASES = [("low", 10.0), ("high", 20.0)]
+# tokens per (policy, phase, class) in a 10 s window with 5 engine CPU seconds
+TOKENS = {
+    ("static:off", "low"): {"greedy": 100, "hot": 100},
+    ("static:k=2", "low"): {"greedy": 200, "hot": 80},
+    ("static:off", "high"): {"greedy": 300, "hot": 300},
+    ("static:k=2", "high"): {"greedy": 330, "hot": 200},
+    ("specctl", "low"): {"greedy": 190, "hot": 95},
+    ("specctl", "high"): {"greedy": 320, "hot": 290},
+    ("peer", "low"): {"greedy": 150, "hot": 90},
+    ("peer", "high"): {"greedy": 250, "hot": 250},
+}
+
+
+def _raw(reps: int = 2) -> dict[str, Any]:
+    segments = []
+    for rep in range(reps):
+        for (policy, phase), tokens in TOKENS.items():
+            arm = "off" if policy == "static:off" else "k=2"
+            segments.append(
+                {
+                    "policy": policy,
+                    "repetition": rep,
+                    "phase": phase,
+                    "window_s": 10.0,
+                    "engine_cpu_s": 5.0 * (1 + 0.1 * rep),
+                    "classes": {
+                        c: {
+                            "tokens": n,
+                            "rounds": n,
+                            "accepted": 0,
+                            "drafted": 0,
+                            "arm_rounds": {arm: n} if policy.startswith("static") else
+                            {"off": n // 2, "k=2": n - n // 2},
+                        }
+                        for c, n in tokens.items()
+                    },
+                }
+            )  # fmt: skip
+    return {
+        "segments": segments,
+        "repetitions": reps,
+        "policies": [{"name": n} for n in ("static:off", "static:k=2", "specctl", "peer")],
+    }
+
+
+def test_oracle_and_ratios_follow_from_the_measurements() -> None:
+    out = summarize(_raw(), classes=CLASSES, phases=PHASES)
+    oracle = out["oracle"]["cpu"]
+    assert oracle["arms"] == {"low": {"greedy": "k=2", "hot": "off"},
+                              "high": {"greedy": "k=2", "hot": "off"}}  # fmt: skip
+    # per CPU second in repetition 0: tokens / 5
+    low = (200 + 100) / 5
+    high = (330 + 300) / 5
+    oracle0 = (low * 10 + high * 20) / 30
+    assert oracle["goodput"]["per_repetition"][0] == pytest.approx(oracle0, abs=1e-3)
+    spec = out["policies"]["specctl"]["cpu"]
+    mine0 = ((190 + 95) / 5 * 10 + (320 + 290) / 5 * 20) / 30
+    assert spec["goodput"]["per_repetition"][0] == pytest.approx(mine0, abs=1e-3)
+    assert spec["vs_oracle"]["per_repetition"][0] == pytest.approx(mine0 / oracle0, abs=1e-3)
+    off0 = ((200 / 5) * 10 + (600 / 5) * 20) / 30
+    assert spec["vs_no_spec"]["per_repetition"][0] == pytest.approx(mine0 / off0, abs=1e-3)
+    # the best single static arm over the run: off (93.3) beats k=2 (88.9)
+    assert oracle["best_static_arm"] == "off"
+    assert spec["vs_best_static"]["median"] == spec["vs_no_spec"]["median"]
+    peer0 = ((150 + 90) / 5 * 10 + (250 + 250) / 5 * 20) / 30
+    assert spec["vs_peers"]["peer"]["per_repetition"][0] == pytest.approx(mine0 / peer0, abs=1e-3)
+    # per phase and class
+    assert spec["phases"]["low"]["classes"]["hot"]["vs_oracle"]["median"] == pytest.approx(0.95)
+    # the CPU clock scales by repetition, the wall clock does not: wall ratios are equal
+    wall = out["policies"]["specctl"]["wall"]["vs_oracle"]["per_repetition"]
+    assert wall[0] == wall[1]
+    assert out["policies"]["specctl"]["off_share"] == pytest.approx(
+        {"greedy": 0.5, "hot": 0.5}, abs=0.01
+    )
+    assert out["policies"]["static:k=2"]["off_share"]["greedy"] == 0.0
+    assert out["headline"]["cpu"]["vs_oracle"] == spec["vs_oracle"]
+    assert "specctl" in format_report(
+        {**out, "workload": {"classes": [{"name": c} for c in CLASSES]}}
+    )
+
+
+def test_static_arms_measure_themselves_against_the_oracle() -> None:
+    out = summarize(_raw(1), classes=CLASSES, phases=PHASES)
+    for phase in ("low", "high"):
+        for c in CLASSES:
+            arm = out["oracle"]["cpu"]["arms"][phase][c]
+            e = out["policies"][f"static:{arm}"]["cpu"]["phases"][phase]["classes"][c]
+            assert e["vs_oracle"]["median"] == 1.0
+    # no static arm beats the oracle, which picks per class
+    for name in ("static:off", "static:k=2"):
+        assert out["policies"][name]["cpu"]["vs_oracle"]["median"] <= 1.0

@@ -1,0 +1,200 @@
+"""``specctl bench --engine vllm`` end to end on the tiny model (n-gram drafter).
+
+One benchmark run for the module (one vLLM server, the sidecar restarted per
+policy): two classes, two short load phases, one repetition, two static arms
+and specctl. The checks are on the JSON's structure and on its numbers
+agreeing with each other: static arms measured per class and pure, the oracle
+the best of them, the ratios what the goodputs give, the tokens the engine
+reported close to vLLM's own count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+WORKLOAD = """
+name = "tiny-two-classes"
+
+[model]
+builtin = "tiny"
+
+[bench]
+repetitions = 1
+warmup_s = 2
+settle_s = 1
+sample_every_s = 0.5
+policies = ["static", "specctl"]
+static_arms = ["off", "ngram/k=2"]
+
+[[class]]
+name = "greedy"
+sampling = { temperature = 0.0 }
+prompt_tokens = [8, 16]
+output_tokens = 32
+
+[[class]]
+name = "hot"
+sampling = { temperature = 1.0 }
+prompt_tokens = [8, 16]
+output_tokens = [24, 40]
+
+[[phase]]
+name = "low"
+concurrency = 2
+seconds = 3
+
+[[phase]]
+name = "high"
+concurrency = 8
+seconds = 3
+"""
+POLICIES = ["static:off", "static:ngram/k=2", "specctl"]
+CLASSES = ["greedy", "hot"]
+PHASES = ["low", "high"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from controller.cli import main
+
+    tmp = tmp_path_factory.mktemp("engine-bench")
+    (tmp / "w.toml").write_text(WORKLOAD)
+    out = tmp / "out"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(
+            ["bench", "--engine", "vllm", "--workload", str(tmp / "w.toml"), "--out", str(out),
+             "--models", str(tmp / "models")]
+        )  # fmt: skip
+    print(stderr.getvalue())
+    assert code == 0, stderr.getvalue()[-3000:]
+    return {
+        "json": json.loads((out / "bench.json").read_text()),
+        "out": out,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+    }
+
+
+def _seg(out: dict[str, Any], policy: str, phase: str) -> dict[str, Any]:
+    (s,) = [s for s in out["segments"] if s["policy"] == policy and s["phase"] == phase]
+    return s
+
+
+def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
+    out = run["json"]
+    assert out["benchmark"] == "engine" and out["repetitions"] == 1
+    assert list(out["policies"]) == POLICIES
+    assert {p: out["policies"][p]["variant"] for p in POLICIES} == {
+        "static:off": "reference", "static:ngram/k=2": "reference", "specctl": "learning"
+    }  # fmt: skip
+    for name, p in out["policies"].items():
+        for clock in ("cpu", "wall"):
+            for key in ("goodput", "vs_oracle", "vs_best_static", "vs_no_spec"):
+                s = p[clock][key]
+                assert set(s) == {"median", "min", "max", "per_repetition"}, (name, key)
+                assert len(s["per_repetition"]) == 1 and s["median"] is not None, (name, key)
+            assert set(p[clock]["phases"]) == set(PHASES)
+            assert set(p[clock]["classes"]) == set(CLASSES)
+        assert set(p["off_share"]) == set(CLASSES)
+    assert set(out["headline"]["cpu"]) == {"vs_oracle", "vs_best_static", "vs_no_spec", "vs_peers"}
+    assert out["engine"]["arms"] == ["off"] + [f"ngram/k={k}" for k in range(1, 5)]
+    assert len(out["segments"]) == len(POLICIES) * len(PHASES)
+    # every phase ran every policy, in a rotated order
+    orders = [[s["policy"] for s in out["segments"] if s["phase"] == p] for p in PHASES]
+    assert all(sorted(o) == sorted(POLICIES) for o in orders) and orders[0] != orders[1]
+    assert all(c["failed"] == 0 for s in out["segments"] for c in s["classes"].values())
+    # the learning policy's evidence over time, with decision stability
+    rows = [r for r in out["timeline"] if r["policy"] == "specctl" and r["current"]]
+    assert {r["class"] for r in rows} == set(CLASSES)
+    assert all(r["mode_arm"] and r["mode_flips_total"] is not None for r in rows)
+    for name in ("bench.json", "report.txt", "bench.png", "timeline.png"):
+        assert (run["out"] / name).stat().st_size > 0, name
+    assert "vs oracle" in run["stdout"] and "specctl per repetition" in run["stdout"]
+    assert "phase low (concurrency 2) specctl: warm-up 2 s" in run["stderr"]
+
+
+def test_static_arms_are_measured_per_class_and_pinned(run: dict[str, Any]) -> None:
+    out = run["json"]
+    for phase in PHASES:
+        clients = {"low": 1, "high": 4}[phase]
+        for arm in ("off", "ngram/k=2"):
+            seg = _seg(out, f"static:{arm}", phase)
+            assert seg["window_s"] == pytest.approx(3.0, abs=1.5)  # a loaded machine
+            assert seg["engine_cpu_s"] > 0
+            for c in CLASSES:
+                v = seg["classes"][c]
+                assert v["clients"] == clients
+                assert v["rounds"] > 0 and v["tokens"] == v["rounds"] + v["accepted"]
+                assert set(v["arm_rounds"]) == {arm}, (arm, c, v["arm_rounds"])  # pinned
+                if arm == "off":
+                    assert v["drafted"] == 0
+                else:
+                    assert 0 <= v["accepted"] <= v["drafted"]
+        # the oracle is the best static arm per class, by the class goodput measured
+        for c in CLASSES:
+            per_arm = {
+                arm: out["policies"][f"static:{arm}"]["cpu"]["phases"][phase]["classes"][c][
+                    "goodput"
+                ]["median"]
+                for arm in ("off", "ngram/k=2")
+            }
+            assert out["oracle"]["cpu"]["arms"][phase][c] == max(per_arm, key=per_arm.__getitem__)
+
+
+def _goodput(out: dict[str, Any], policy: str, clock: str) -> float:
+    """The phase-weighted goodput recomputed from the raw segments."""
+    key = {"cpu": "engine_cpu_s", "wall": "window_s"}[clock]
+    total = 0.0
+    for phase in PHASES:
+        seg = _seg(out, policy, phase)
+        total += sum(v["tokens"] for v in seg["classes"].values()) / seg[key]
+    return total / len(PHASES)  # equal phase lengths
+
+
+def test_ratios_follow_from_the_measured_goodput(run: dict[str, Any]) -> None:
+    out = run["json"]
+    for clock in ("cpu", "wall"):
+        oracle = out["oracle"][clock]
+        mine = {p: _goodput(out, p, clock) for p in POLICIES}
+        for p in POLICIES:
+            e = out["policies"][p][clock]
+            assert e["goodput"]["median"] == pytest.approx(mine[p], rel=1e-3)
+            assert e["vs_no_spec"]["median"] == pytest.approx(
+                mine[p] / mine["static:off"], rel=1e-3
+            )
+            assert e["vs_oracle"]["median"] == pytest.approx(
+                mine[p] / oracle["goodput"]["median"], rel=1e-3
+            )
+            best = "static:" + oracle["best_static_arm"]
+            assert e["vs_best_static"]["median"] == pytest.approx(mine[p] / mine[best], rel=1e-3)
+        # the oracle picks per class and phase, so no static arm beats it
+        assert oracle["goodput"]["median"] >= max(mine["static:off"], mine["static:ngram/k=2"])
+        assert max(mine["static:off"], mine["static:ngram/k=2"]) == pytest.approx(
+            mine["static:" + oracle["best_static_arm"]]
+        )
+    assert out["headline"]["cpu"]["vs_oracle"] == out["policies"]["specctl"]["cpu"]["vs_oracle"]
+
+
+def test_engine_tokens_agree_with_vllm_and_off_shares(run: dict[str, Any]) -> None:
+    out = run["json"]
+    for s in out["segments"]:
+        rate = sum(v["tokens"] for v in s["classes"].values()) / s["window_s"]
+        # vLLM counts every generated token (a request's first comes from its prefill); its
+        # counter is read through the API server, over an interval of its own
+        vllm_rate = s["vllm_generation_tokens"] / s["vllm_window_s"]
+        assert 0.7 * vllm_rate <= rate <= 1.3 * vllm_rate, s
+    spec = out["policies"]["specctl"]
+    for c in CLASSES:
+        rounds = sum(_seg(out, "specctl", p)["classes"][c]["rounds"] for p in PHASES)
+        off = sum(_seg(out, "specctl", p)["classes"][c]["arm_rounds"].get("off", 0) for p in PHASES)
+        assert spec["off_share"][c] == pytest.approx(off / rounds, abs=1e-3)
+        assert out["policies"]["static:off"]["off_share"][c] == 1.0
+        assert out["policies"]["static:ngram/k=2"]["off_share"][c] == 0.0
