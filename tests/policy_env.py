@@ -77,3 +77,52 @@ class SyntheticEnv:
         )
         policy.update_params(batch)
         return batch, decision, arms
+
+    def run_mixed_step(
+        self, policy: Policy, classes: dict[str, tuple[int, float]], bucket: int
+    ) -> dict[str, Arm]:
+        """One step of a batch shared by several classes, as the engine runs it: one arm per
+        class (sampled from its decision), every request of the class on that arm.
+        ``classes`` maps a class to (requests, per-position acceptance); the step's time
+        has the deepest K of the batch, whatever each class ran."""
+        names, arms_of, ks, rates, propensities = [], [], [], [], []
+        chosen: dict[str, Arm] = {}
+        for name, (count, rate) in classes.items():
+            decision = policy.select_action(name, bucket)
+            arm = decision.arms[int(self.rng.choice(len(decision.arms), p=decision.probabilities))]
+            chosen[name] = arm
+            names += [name] * count
+            arms_of += [arm.name] * count
+            ks += [arm.k] * count
+            rates += [rate] * count
+            propensities += [decision.probability_of(arm)] * count
+        k = np.array(ks)
+        draws = self.rng.random((k.shape[0], max(int(k.max()), 1))) < np.array(rates)[:, None]
+        accepted = np.minimum(np.cumprod(draws, axis=1).sum(axis=1), k)
+        tokens = int((1 + k).sum())
+        step_time = self.base_s + self.token_s * tokens + self.pass_s * int(k.max())
+        if self.noise_s > 0.0:
+            step_time = max(step_time + self.noise_s * float(self.rng.standard_normal()), 1e-4)
+        self.steps += 1
+        record = StepRecord(
+            step_index=self.steps,
+            step_time_s=step_time,
+            batch_size=int(k.shape[0]),
+            num_scheduled_tokens=tokens,
+            policy_version=1,
+            load_bucket=bucket,
+            step_end_unix_s=1.7e9 + self.steps,
+            classes=names,
+            arms=arms_of,
+            propensity=propensities,
+            drafted=[int(v) for v in k],
+            accepted=[int(v) for v in accepted],
+        )
+        batch = decode_step_report(
+            encode_step_report(self.steps, [record]),
+            engine_id="synthetic",
+            offered=self.drafters,
+            num_load_buckets=len(BOUNDS) + 1,
+        )
+        policy.update_params(batch)
+        return chosen

@@ -3,15 +3,22 @@
 Per load bucket, a Bayesian linear model:
 
     step_time_s ~ base + per_token * tokens_verified
-                + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d)
+                + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d
+                         + per_batch_draft_token[d] * batch_size * step_k_d)
 
 ``tokens_verified`` is the step's ``num_scheduled_tokens`` (prefill, decode
 and drafts); for each drafter d, ``requests_d`` is how many requests drafted
 with it and ``draft_tokens_d`` the K they asked of it, summed. So the model
 tells a fixed per-request cost of running a drafter at all (a draft model's
 extra pass, a verification that costs more than a decode step) from the cost
-of each draft token. Running arm ``(d, K)`` for a batch of B decoding
-requests verifies ``B * (1 + K)`` tokens and drafts ``B * K``. Within a load
+of each draft token. ``step_k_d`` is the largest K any request of the step
+ran with d: an engine's drafter proposes that many tokens for every request of
+the batch, and the scheduler only cuts what each class verifies, so a model
+drafter's passes cost ``batch_size * step_k_d`` whatever the other classes
+chose. The two draft terms are the same number when the whole batch runs one
+arm; steps whose classes run different K tell them apart. Running arm
+``(d, K)`` for a batch of B decoding requests verifies ``B * (1 + K)`` tokens
+and drafts ``B * K``. Within a load
 bucket the batch size varies little, so a drafter's sequential passes (K of
 them) are absorbed in its per-draft-token cost. Under heavy load, where
 per-token costs times B dominate, long drafts cost more than they return,
@@ -76,9 +83,14 @@ _STEPS_AFTER_CHANGE = 100.0
 _MEASURED_SCALE_STEPS = 5.0
 
 
+# features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens
+FEATURES_PER_DRAFTER = 3
+
+
 def num_features(num_drafters: int) -> int:
-    """1, tokens verified, then per drafter: requests drafting, draft tokens."""
-    return 2 + 2 * num_drafters
+    """1, tokens verified, then per drafter: requests drafting, draft tokens asked, and
+    batch size times the step's K (what the drafter proposed for the whole batch)."""
+    return 2 + FEATURES_PER_DRAFTER * num_drafters
 
 
 def arm_features(
@@ -93,9 +105,10 @@ def arm_features(
     x[:, 0] = 1.0
     x[:, 1] = extra_tokens + batch_size * (1.0 + k)
     spec = np.flatnonzero(drafter_slot >= 0)
-    base = 2 + 2 * drafter_slot[spec]
+    base = 2 + FEATURES_PER_DRAFTER * drafter_slot[spec]
     x[spec, base] = batch_size
     x[spec, base + 1] = batch_size * k[spec]
+    x[spec, base + 2] = batch_size * k[spec]
     return x
 
 
@@ -118,7 +131,7 @@ class CostModel:
         self.prior_mean = np.zeros(f)
         self.prior_mean[0] = prior_step_s
         self.prior_mean[1] = prior_token_s
-        self.prior_mean[3::2] = prior_token_s
+        self.prior_mean[3::FEATURES_PER_DRAFTER] = prior_token_s
         self.prior_step_s = prior_step_s
         self.prior_spread = prior_spread
         self.xtx = np.zeros((num_buckets, f, f))
@@ -139,14 +152,19 @@ class CostModel:
         self.outliers = np.zeros(num_buckets)
 
     def step_features(
-        self, tokens: np.ndarray, requests: np.ndarray, draft_tokens: np.ndarray
+        self,
+        tokens: np.ndarray,
+        requests: np.ndarray,
+        draft_tokens: np.ndarray,
+        batch_draft_tokens: np.ndarray,
     ) -> np.ndarray:
         """(S, F) from per-step tokens verified and per (step, drafter slot) columns."""
         x = np.empty((tokens.shape[0], self.num_features))
         x[:, 0] = 1.0
         x[:, 1] = tokens
-        x[:, 2::2] = requests
-        x[:, 3::2] = draft_tokens
+        x[:, 2::FEATURES_PER_DRAFTER] = requests
+        x[:, 3::FEATURES_PER_DRAFTER] = draft_tokens
+        x[:, 4::FEATURES_PER_DRAFTER] = batch_draft_tokens
         return x
 
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:

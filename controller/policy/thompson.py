@@ -91,7 +91,7 @@ import numpy as np
 from controller.arms import MAX_K, OFF, Arm, ArmError, parse_arm
 from controller.policy.acceptance import AcceptanceModel
 from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
-from controller.policy.cost import CostModel, arm_features
+from controller.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
 from controller.policy.load import BucketLoad
 from controller.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
@@ -104,6 +104,12 @@ from controller.policy.truncated import nonnegative_draws
 from controller.steps import StepBatch
 
 _MIN_STEP_TIME_S = 1e-6
+# memory of a load bucket's class mix, per step in the bucket (about 100 steps)
+_MIX_DISCOUNT = 0.99
+# classes with at least this share of a bucket's requests are decided together
+_MIN_MIX_SHARE = 0.02
+_MAX_JOINT_CLASSES = 16
+_JOINT_SWEEPS = 4
 _MAX_SPEEDUP_OF_DRAW = 2.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7
@@ -246,11 +252,15 @@ class SpecctlPolicy(Policy):
         self._class_version = np.zeros(cfg.max_classes, dtype=np.int64)
         self._bucket_version = np.zeros(self.num_buckets, dtype=np.int64)
         self._arms_version = 0
-        self._decisions: dict[tuple[str | None, int], tuple[tuple[int, int, int], Decision]] = {}
+        self._decisions: dict[tuple[str | None, int], tuple[tuple[int, ...], Decision]] = {}
         # contexts switched off: they stay off until P(spec loses) < switch_on_confidence
         self._switched_off: set[tuple[str, int]] = set()
-        self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray]] = {}
+        self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
+        # per load bucket: discounted request-rounds per class slot, and steps
+        self._mix = np.zeros((self.num_buckets, cfg.max_classes))
+        self._mix_steps = np.zeros(self.num_buckets)
+        self._joint: dict[int, tuple[tuple[Any, ...], dict[int, _Samples]]] = {}
         # posterior draws are computed in float32: twice as fast, and far more precise
         # than the Monte Carlo error of num_samples draws
         rng = np.random.default_rng(cfg.seed)
@@ -357,6 +367,7 @@ class SpecctlPolicy(Policy):
         self._slot_class[slot] = None
         self.acceptance.reset(slot)
         self._tokens.pop(slot, None)
+        self._mix[:, slot] = 0.0
         self._class_version[slot] = self._next_tick()
         self._last_update[slot] = 0
         for b in range(self.num_buckets):
@@ -387,6 +398,7 @@ class SpecctlPolicy(Policy):
         nd = self.config.max_drafters
         requests: np.ndarray = np.zeros((s, nd))
         draft_tokens: np.ndarray = np.zeros((s, nd))
+        step_k: np.ndarray = np.zeros((s, nd))
         decode_tokens: np.ndarray = np.zeros(s)
         tick = self._next_tick()
         if batch.num_rows:
@@ -422,13 +434,34 @@ class SpecctlPolicy(Policy):
             draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
                 s, nd
             )
+            # the largest K each drafter ran in each step: it proposed that many for all
+            flat_k = np.zeros(s * nd)
+            np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
+            step_k = flat_k.reshape(s, nd)
+            self._update_mix(class_slots[batch.class_index], batch)
             untracked = (row_slot < 0) & (batch.arm_k > 0)
             if untracked.any():
                 self.rows_untracked += int(untracked.sum())
         bucket = self.load.update(batch, decode_tokens)
-        features = self.cost.step_features(batch.num_scheduled_tokens, requests, draft_tokens)
+        features = self.cost.step_features(
+            batch.num_scheduled_tokens,
+            requests,
+            draft_tokens,
+            step_k * batch.batch_size[:, None].astype(np.float64),
+        )
         self.cost.update(bucket, features, batch.step_time_s)
         self._bucket_version[bucket] = tick
+
+    def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
+        """Learn each load bucket's class mix: mean request-rounds per step per class."""
+        nb, nc = self.num_buckets, self.config.max_classes
+        bucket = np.minimum(batch.load_bucket, nb - 1)
+        steps = np.bincount(bucket, minlength=nb).astype(np.float64)
+        rows = np.bincount(bucket[batch.request_step] * nc + row_slots, minlength=nb * nc)
+        decay = _MIX_DISCOUNT**steps
+        self._mix *= decay[:, None]
+        self._mix += rows.reshape(nb, nc)
+        self._mix_steps = self._mix_steps * decay + steps
 
     def reset_class(self, workload_class: str) -> None:
         if workload_class in self._class_slot:
@@ -440,10 +473,15 @@ class SpecctlPolicy(Policy):
         self._check_bucket(load_bucket)
         slot = self._class_slot.get(workload_class)
         key = (workload_class if slot is not None else None, load_bucket)
+        members = self._mix_members(load_bucket)
         versions = (
             int(self._class_version[slot]) if slot is not None else -1,
             int(self._bucket_version[load_bucket]),
             self._arms_version,
+            # a class decided with others depends on their evidence too
+            int(self._class_version[members].max())
+            if slot is not None and bool((members == slot).any())
+            else -1,
         )
         cached = self._decisions.get(key)
         if cached is not None and cached[0] == versions:
@@ -522,18 +560,23 @@ class SpecctlPolicy(Policy):
         return probe / probe.sum()
 
     def _samples(self, slot: int | None, bucket: int) -> _Samples:
+        if slot is not None:
+            joint = self._joint_samples(bucket)
+            if slot in joint:
+                return joint[slot]
         tokens = self._token_samples(slot)
-        batch_size, step_time = self._step_time_samples(bucket)
+        batch_size, step_time, _ = self._step_time_samples(bucket)
         goodput = tokens / step_time
         goodput *= batch_size
         return _Samples(goodput, tokens, step_time)
 
-    def _step_time_samples(self, bucket: int) -> tuple[float, np.ndarray]:
-        """The bucket's batch size and draws of step time, (num_samples, arms); cached."""
+    def _step_time_samples(self, bucket: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """The bucket's batch size, draws of step time, (num_samples, arms), and the part
+        of each arm's step time that is batch-wide drafting (see cost); cached."""
         version = (int(self._bucket_version[bucket]), self._arms_version)
         cached = self._step_times.get(bucket)
         if cached is not None and cached[0] == version:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         batch_size = self.load.batch_size(bucket)
         extra = self.load.extra_tokens(bucket)
         # a step in which the whole batch ran each offered arm (see cost.arm_features)
@@ -543,8 +586,9 @@ class SpecctlPolicy(Policy):
         typical = np.empty(self.cost.num_features)
         typical[0] = 1.0
         typical[1] = extra + 3.0 * batch_size
-        typical[2::2] = batch_size
-        typical[3::2] = 2.0 * batch_size
+        typical[2::FEATURES_PER_DRAFTER] = batch_size
+        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
+        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
         theta_mean, factor = self.cost.posterior(bucket, typical)
         theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
@@ -569,8 +613,81 @@ class SpecctlPolicy(Policy):
         # coefficients and inflate long drafts' cost
         for chain in self._k_chains:
             step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
-        self._step_times[bucket] = (version, batch_size, step_time)
-        return batch_size, step_time
+        # the drafter's passes for the whole batch: batch size x K x its batch-wide cost
+        batch_wide = np.zeros_like(step_time)
+        spec = self._arm_drafter_slot[1:]
+        coef = theta[:, 4 + FEATURES_PER_DRAFTER * spec]
+        batch_wide[:, 1:] = np.maximum(coef, 0.0) * (batch_size * self._arm_k[1:]).astype(
+            np.float32
+        )
+        np.minimum(batch_wide, step_time - step_time[:, :1], out=batch_wide)
+        self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
+        return batch_size, step_time, batch_wide
+
+    def _mix_members(self, bucket: int) -> np.ndarray:
+        """Class slots that share the bucket's batches, largest share first."""
+        mix = self._mix[bucket]
+        total = float(mix.sum())
+        if total <= 0.0:
+            return np.zeros(0, dtype=np.int64)
+        members = np.flatnonzero(mix >= _MIN_MIX_SHARE * total)
+        order = np.argsort(-mix[members], kind="stable")
+        return members[order][:_MAX_JOINT_CLASSES]
+
+    def _joint_samples(self, bucket: int) -> dict[int, _Samples]:
+        """Per class slot sharing the bucket's batches, the engine's goodput draws for each
+        of its arms while the other classes run their part of the best joint choice.
+
+        Classes in one batch share its step: a class's long drafts lengthen the step
+        for every request in it, and a model drafter proposes the step's largest K for
+        the whole batch whatever each class verifies. Deciding each class as if it
+        were the whole batch then lets one class buy a gain that the others pay for
+        (a greedy class at K=4 next to two classes that accept little runs slower in
+        total than no speculation). So, per posterior draw, the joint choice that
+        maximises the batch's committed tokens per second is found by coordinate
+        ascent (from each class's own best and from all ``off``, the better end kept),
+        and each class's distribution is its probability of being part of that
+        choice at each arm: Thompson sampling over joint choices, read per class.
+        """
+        members = self._mix_members(bucket)
+        if members.shape[0] < 2 or len(self._arms) < 2:
+            return {}
+        key = (
+            int(self._bucket_version[bucket]),
+            self._arms_version,
+            tuple(int(m) for m in members),
+            tuple(int(v) for v in self._class_version[members]),
+        )
+        cached = self._joint.get(bucket)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        batch_size, step_time, batch_wide = self._step_time_samples(bucket)
+        off = step_time[:, 0].astype(np.float64)
+        per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
+        per_request /= batch_size
+        wide = batch_wide.astype(np.float64)
+        share = self._mix[bucket, members]
+        count = batch_size * share / share.sum()
+        tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
+        chain = np.full(len(self._arms), -1, dtype=np.int64)
+        for j, c in enumerate(self._k_chains):
+            chain[c[1:]] = j
+        game = _JointChoice(off, per_request, wide, chain, len(self._k_chains), count, tokens)
+        alone = np.stack(
+            [np.argmax(t / step_time, axis=1) for t in tokens], axis=1
+        )  # each class's best if it were the whole batch
+        best = game.ascend(alone)
+        from_off = game.ascend(np.zeros_like(alone))
+        better = game.total(from_off) > game.total(best)
+        best[better] = from_off[better]
+        out: dict[int, _Samples] = {}
+        for i, m in enumerate(members):
+            goodput, step = game.response(best, i)
+            out[int(m)] = _Samples(
+                goodput.astype(np.float32), tokens[i].astype(np.float32), step.astype(np.float32)
+            )
+        self._joint[bucket] = (key, out)
+        return out
 
     def _token_samples(self, slot: int | None) -> np.ndarray:
         """Draws of committed tokens per round, (num_samples, arms); cached per class."""
@@ -595,6 +712,10 @@ class SpecctlPolicy(Policy):
         tokens = np.ones((self.config.num_samples, len(self._arms)), dtype=np.float32)
         tokens[:, 1:] += reach @ self._arm_positions
         self._correct_by_arm(slot, tokens)
+        # a longer draft commits at least what its first K tokens would: each drafter's
+        # draws never decrease with K (its own noisy measurement could make them)
+        for chain in self._k_chains:
+            tokens[:, chain[1:]] = np.maximum.accumulate(tokens[:, chain[1:]], axis=1)
         self._tokens[slot] = (version, tokens)
         return tokens
 
@@ -698,6 +819,8 @@ class SpecctlPolicy(Policy):
             "load_steps": self.load.steps.copy(),
             "load_batch_sum": self.load.batch_sum.copy(),
             "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
+            "class_mix": self._mix.copy(),
+            "class_mix_steps": self._mix_steps.copy(),
             "switched_off_classes": np.array(
                 [c for c, _ in sorted(self._switched_off)], dtype=np.str_
             ),
@@ -727,6 +850,8 @@ class SpecctlPolicy(Policy):
             "load_steps": self.load.steps,
             "load_batch_sum": self.load.batch_sum,
             "load_extra_tokens_sum": self.load.extra_tokens_sum,
+            "class_mix": self._mix,
+            "class_mix_steps": self._mix_steps,
         }
         classes = np.asarray(state["classes"])
         drafters = [str(d) for d in np.asarray(state["drafters"]).ravel()]
@@ -740,7 +865,7 @@ class SpecctlPolicy(Policy):
                 f"state has {len(drafters)} drafters; max_drafters={self.config.max_drafters}"
             )
         # keys a state saved before the recent window and per-arm statistics lacks
-        optional = ("acceptance_recent", "acceptance_arm_stats")
+        optional = ("acceptance_recent", "acceptance_arm_stats", "class_mix", "class_mix_steps")
         state = {**{k: np.zeros_like(arrays[k]) for k in optional}, **state}
         for name, target in arrays.items():
             value = np.asarray(state[name])
@@ -769,6 +894,7 @@ class SpecctlPolicy(Policy):
         self._decisions.clear()
         self._step_times.clear()
         self._tokens.clear()
+        self._joint.clear()
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
         # the offered arms' drafters keep their restored slots; new ones get free slots
@@ -776,6 +902,92 @@ class SpecctlPolicy(Policy):
             a for a in self._arms if a.is_off or self._slot_of_drafter(a.drafter) >= 0
         )
         self.set_arms(self._arms)
+
+
+class _JointChoice:
+    """Goodput of joint arm choices of the classes sharing a batch, per posterior draw.
+
+    Step time of a choice ``a`` (one arm per class, per draw)::
+
+        off + sum_c n_c * per_request[a_c] + sum_d max_{c runs d} wide[a_c]
+
+    with ``n_c`` the class's requests per step: verification and a drafter's
+    per-request cost add up over requests; a drafter's batch-wide passes are
+    paid once, at the largest K any class runs with it. Goodput is
+    ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
+    one arm this is the step time of the whole batch running it.
+    """
+
+    def __init__(
+        self,
+        off: np.ndarray,
+        per_request: np.ndarray,
+        wide: np.ndarray,
+        chain: np.ndarray,
+        num_chains: int,
+        count: np.ndarray,
+        tokens: list[np.ndarray],
+    ) -> None:
+        self.off = off
+        self.per_request = per_request
+        self.wide = wide
+        self.chain = chain
+        self.num_chains = num_chains
+        self.count = count
+        self.tokens = tokens
+        self.rows = np.arange(off.shape[0])
+
+    def _others(self, choice: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens, per-request time and batch-wide time per chain of every class but one."""
+        n = self.off.shape[0]
+        tokens = np.zeros(n)
+        per_request = np.zeros(n)
+        wide = np.zeros((n, self.num_chains + 1))  # the last column collects off
+        for c in range(len(self.tokens)):
+            if c == skip:
+                continue
+            a = choice[:, c]
+            tokens += self.count[c] * self.tokens[c][self.rows, a]
+            per_request += self.count[c] * self.per_request[self.rows, a]
+            j = self.chain[a]
+            np.maximum.at(wide, (self.rows, j), self.wide[self.rows, a])
+        return tokens, per_request, wide[:, :-1]
+
+    def response(self, choice: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Goodput and step time for each arm of class c, the others as in ``choice``."""
+        tokens, per_request, wide = self._others(choice, c)
+        # the batch-wide passes the class's arm adds beyond those the others already run
+        added = np.zeros_like(self.wide)
+        spec = self.chain >= 0
+        added[:, spec] = np.maximum(self.wide[:, spec] - wide[:, self.chain[spec]], 0.0)
+        step = (self.off + per_request + wide.sum(axis=1))[:, None]
+        step = step + self.count[c] * self.per_request + added
+        goodput = (tokens[:, None] + self.count[c] * self.tokens[c]) / np.maximum(
+            step, _MIN_STEP_TIME_S
+        )
+        return goodput, step
+
+    def ascend(self, choice: np.ndarray) -> np.ndarray:
+        """Coordinate ascent from ``choice`` (draws x classes); returns the end point."""
+        choice = choice.copy()
+        for _ in range(_JOINT_SWEEPS):
+            moved = False
+            for c in range(len(self.tokens)):
+                goodput, _ = self.response(choice, c)
+                best = np.argmax(goodput, axis=1)
+                # keep the current arm on ties, so the ascent ends
+                current = goodput[self.rows, choice[:, c]]
+                change = goodput[self.rows, best] > current * (1.0 + 1e-9)
+                if change.any():
+                    choice[change, c] = best[change]
+                    moved = True
+            if not moved:
+                break
+        return choice
+
+    def total(self, choice: np.ndarray) -> np.ndarray:
+        goodput, _ = self.response(choice, 0)
+        return goodput[self.rows, choice[:, 0]]
 
 
 def _percent(p: float) -> str:
