@@ -536,6 +536,10 @@ class EngineBench:
                 self._server.stop()
             if self._sidecar is not None:
                 self._sidecar.stop()
+            # the learning policies' decision logs and snapshots, for `specctl replay`
+            if self._state_root.is_dir():
+                shutil.rmtree(out / "state", ignore_errors=True)
+                shutil.copytree(self._state_root, out / "state")
             shutil.rmtree(workdir, ignore_errors=True)
         return {
             "engine": self.engine_info,
