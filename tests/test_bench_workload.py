@@ -60,7 +60,7 @@ def test_packaged_workloads_load() -> None:
 def test_defaults_of_a_minimal_file() -> None:
     w = _parse(MINIMAL)
     assert w.model.builtin == "testbed" and w.drafter == "draft_model" and w.max_k == 4
-    assert w.step_clock == "process_cpu"
+    assert w.step_clock == "wall"
     assert w.bench.repetitions == 3 and w.bench.carry_state
     assert w.phases[0].clients(w.classes) == {"greedy": 2, "hot": 2}
     assert w.classes[0].output_tokens == (64, 64) and w.classes[0].prompt_tokens is None

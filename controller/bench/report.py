@@ -65,24 +65,24 @@ def _spread(s: Mapping[str, Any]) -> str:
 
 
 def format_report(out: Mapping[str, Any]) -> str:
-    """Per policy the medians (and spread over repetitions) per engine CPU second and per
-    wall second; the oracle's arms; specctl's per-repetition ratios and off shares."""
+    """Per policy the medians (and spread over repetitions) per wall second and per engine
+    CPU second; the oracle's arms; specctl's per-repetition ratios and off shares."""
     lines = [
-        f"{'policy':<24} {'variant':<11} {'tok/CPU s':>10} {'vs oracle':>20} "
-        f"{'vs best static':>20} {'vs no spec':>20} {'tok/s':>8} {'wall vs oracle':>15}"
+        f"{'policy':<24} {'variant':<11} {'tok/s':>8} {'vs oracle':>20} "
+        f"{'vs best static':>20} {'vs no spec':>20} {'tok/CPU s':>10} {'CPU vs oracle':>14}"
     ]
     for name, p in out["policies"].items():
         cpu, wall = p["cpu"], p["wall"]
         lines.append(
-            f"{name:<24} {p['variant']:<11} {_f(cpu['goodput']['median'], '.1f'):>10} "
-            f"{_spread(cpu['vs_oracle']):>20} {_spread(cpu['vs_best_static']):>20} "
-            f"{_spread(cpu['vs_no_spec']):>20} {_f(wall['goodput']['median'], '.1f'):>8} "
-            f"{_f(wall['vs_oracle']['median']):>15}"
+            f"{name:<24} {p['variant']:<11} {_f(wall['goodput']['median'], '.1f'):>8} "
+            f"{_spread(wall['vs_oracle']):>20} {_spread(wall['vs_best_static']):>20} "
+            f"{_spread(wall['vs_no_spec']):>20} {_f(cpu['goodput']['median'], '.1f'):>10} "
+            f"{_f(cpu['vs_oracle']['median']):>14}"
         )
-    o = out["oracle"]["cpu"]
+    o = out["oracle"]["wall"]
     lines.append("")
     lines.append(
-        "oracle (best static arm per phase and class, per engine CPU second): "
+        "oracle (best static arm per phase and class, per second): "
         + "; ".join(
             f"{phase}: " + ", ".join(f"{c} {a}" for c, a in arms.items())
             for phase, arms in o["arms"].items()
@@ -104,13 +104,13 @@ def format_report(out: Mapping[str, Any]) -> str:
             + ", ".join(f"{c} {_f(s, '.0%')}" for c, s in h["off_share"].items())
         )
     lines.append("")
-    lines.append("phases (tok/CPU s, median; vs oracle)")
-    phases = list(out["oracle"]["cpu"]["arms"])
+    lines.append("phases (tok/s, median; vs oracle)")
+    phases = list(out["oracle"]["wall"]["arms"])
     lines.append(f"{'policy':<24} " + " ".join(f"{p:>22}" for p in phases))
     for name, p in out["policies"].items():
         cells = []
         for ph in phases:
-            e = p["cpu"]["phases"][ph]
+            e = p["wall"]["phases"][ph]
             cells.append(
                 f"{_f(e['goodput']['median'], '.1f'):>13} {_f(e['vs_oracle']['median']):>8}"
             )

@@ -412,7 +412,7 @@ def _speculative(w: _Where, raw: Any, model: ModelSpec, base: Path | None) -> di
 def _engine(w: _Where, raw: Any) -> tuple[str, dict[str, str], tuple[str, ...]]:
     t = _table(w, raw or {}, "engine")
     _check_keys(w, t, "engine", ["step_clock", "env", "args"])
-    clock = _str(w, t.get("step_clock", "process_cpu"), "engine.step_clock")
+    clock = _str(w, t.get("step_clock", "wall"), "engine.step_clock")
     if clock not in STEP_CLOCKS:
         raise w.error("engine.step_clock", f"={clock!r}: must be one of {', '.join(STEP_CLOCKS)}")
     env = _table(w, t.get("env", {}), "engine.env")
