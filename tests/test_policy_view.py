@@ -84,3 +84,33 @@ def test_fallback_view_runs_the_fallback_everywhere() -> None:
     view = fallback_view(parse_arm("ngram/k=4"), [8])
     assert view.version == 0
     assert view.choose("any", 1, 0.99).arm == parse_arm("ngram/k=4")
+
+
+def test_one_uniform_draws_the_classes_k_together() -> None:
+    # arms in any order: the engine orders them by K, so that the one uniform the scheduler
+    # draws per step gives every class a short K together or a long K together
+    policy = _policy(
+        entries=[
+            pb.ClassPolicy(
+                workload_class="a",
+                load_bucket=0,
+                arms=["ngram/k=4", "off", "ngram/k=1"],
+                probabilities=[0.5, 0.2, 0.3],
+            ),
+            pb.ClassPolicy(
+                workload_class="b",
+                load_bucket=0,
+                arms=["ngram/k=3", "ngram/k=2", "off"],
+                probabilities=[0.3, 0.3, 0.4],
+            ),
+        ]
+    )
+    view = compile_policy(policy, OFFERED)
+    us = np.linspace(0.0, 0.999, 1000)
+    ka = [view.choose("a", 0, float(u)).arm.k for u in us]
+    kb = [view.choose("b", 0, float(u)).arm.k for u in us]
+    assert ka == sorted(ka) and kb == sorted(kb)
+    # each class keeps its own distribution, and its propensities
+    assert np.mean(np.array(ka) == 0) == pytest.approx(0.2, abs=0.01)
+    assert np.mean(np.array(kb) == 3) == pytest.approx(0.3, abs=0.01)
+    assert view.choose("a", 0, 0.9).propensity == pytest.approx(0.5)

@@ -125,7 +125,14 @@ def compile_policy(policy: pb.Policy, offered: Mapping[str, int]) -> PolicyView:
         probs = tuple(float(p) for p in e.probabilities)
         if any(not (0.0 <= p <= 1.0) for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
             raise PolicyError(f"{where}: probabilities {list(probs)} are not a distribution")
-        arms = tuple(runnable(a, where) for a in e.arms)
+        # off first, then by drafter and K: the scheduler samples every class with one
+        # uniform, so that classes drafting short and long go together
+        order = sorted(
+            zip((runnable(a, where) for a in e.arms), probs, strict=True),
+            key=lambda ap: (not ap[0].is_off, ap[0].drafter, ap[0].k),
+        )
+        arms = tuple(a for a, _ in order)
+        probs = tuple(p for _, p in order)
         entries[(e.workload_class, int(e.load_bucket))] = _Entry(
             arms, tuple(accumulate(probs)), probs
         )

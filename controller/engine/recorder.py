@@ -216,12 +216,16 @@ class StepRecorder:
             self._plans[output_id] = _Plan(start_clock, previous, self._version, self._bucket)
         else:
             self._plans[output_id] = _Plan(start_clock, previous, view.version, bucket)
-        rand = self.rng.random
+        # One uniform for every class, over arms ordered by K (compile_policy): the classes'
+        # K move together. A step costs what its deepest K costs, so independent draws would
+        # all but never give a step in which every class drafts short, and the cost of short
+        # steps would stay unmeasured; each class's own distribution is unchanged.
+        u = self.rng.random()
         choose = view.choose
         chosen: dict[str, Choice] = {}
         step_k = 0
         for cls in self.members:
-            choice = chosen[cls] = choose(cls, bucket, rand())
+            choice = chosen[cls] = choose(cls, bucket, u)
             if choice.arm.k > step_k:
                 step_k = choice.arm.k
         step_k = min(step_k, self.max_k)

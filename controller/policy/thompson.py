@@ -9,7 +9,9 @@ arm ``(d, K)`` in class c at load bucket b::
 (c, d) (:mod:`controller.policy.acceptance`), shared across K; the step time
 from the per-bucket cost model (:mod:`controller.policy.cost`), monotone in
 K; ``B_b`` is the bucket's typical batch size. It reads "if the whole batch at
-this load ran this arm". ``off`` commits one token per request-round.
+this load ran this arm", which is what a class alone in its batches gets;
+classes that share batches are compared on the batch's goodput instead (see
+:class:`_JointChoice`). ``off`` commits one token per request-round.
 
 Decision rule. The distribution pushed to engines is the posterior
 probability that each arm has the highest goodput: Thompson sampling's
@@ -66,12 +68,14 @@ switches off and stays so until ``P(off is best)`` falls below
 ``switch_on_confidence`` (hysteresis, so a close call does not flap). Off,
 it still runs speculation on at least ``probe_budget`` of its request-rounds
 (more while ``P(off is best)`` is lower), spread over the speculative arms by
-their posterior probability of being the best of them. Probes at every K
-keep the cost of long drafts measured: probing one short K measures only
-part of it, and the rest stays at a prior that, conditioned on speculation
-never being cheaper, is pessimistic, which made ``off`` nearly absorbing.
+their posterior probability of being the best of them: where a long
+draft's cost or acceptance is uncertain enough to win, some probes go
+there, and a fixed probe at one short K would leave the rest at its prior.
 The probes keep acceptance and cost measured, so a recovery is found and off
 is never permanent.
+
+Classes that share a batch are decided together (:meth:`_joint_samples`):
+the step's deepest K sets its cost for every request in it.
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)

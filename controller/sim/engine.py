@@ -267,7 +267,8 @@ class SimulatedEngine:
         present = np.flatnonzero(counts)
         arm_of_class = np.zeros(len(counts), dtype=np.int64)
         prop_of_class = np.ones(len(counts))
-        for c, u in zip(present.tolist(), self.rng.random(len(present)).tolist(), strict=True):
+        u = float(self.rng.random())  # one uniform for every class, as the engine draws
+        for c in present.tolist():
             choice = view.choose(self._class_names[c], bucket, u)
             arm_of_class[c] = self._arm_id[choice.arm]
             prop_of_class[c] = choice.propensity
