@@ -177,6 +177,14 @@ class StepRecorder:
         return name
 
     def add(self, req_id: str, workload_class: str, request: Any) -> None:
+        """Put a request in its class; a request already held under another class moves.
+
+        The same id comes back for a new request that reuses a finished one's
+        id, and for a streaming-input session whose next chunk names a class.
+        """
+        previous = self.class_of.get(req_id)
+        if previous is not None and previous != workload_class:
+            self._leave(req_id, previous)
         self.class_of[req_id] = workload_class
         members = self.members.get(workload_class)
         if members is None:
@@ -184,15 +192,29 @@ class StepRecorder:
         members[req_id] = request
 
     def forget(self, req_ids: Iterable[str]) -> None:
-        """Requests that finished (or were aborted) since the last step."""
+        """Requests that finished (or were aborted) since the last step.
+
+        vLLM reports a finished request's id at the next step, after a new
+        request may have been added under the same id: only a finished
+        request object leaves, so the new one keeps its class.
+        """
         class_of = self.class_of
         for req_id in req_ids:
-            cls = class_of.pop(req_id, None)
-            if cls is not None:
-                members = self.members[cls]
-                members.pop(req_id, None)
-                if not members:
-                    del self.members[cls]
+            cls = class_of.get(req_id)
+            if cls is None:
+                continue
+            request = self.members[cls].get(req_id)
+            if request is not None and not request.is_finished():
+                continue  # a live request now holds this id
+            del class_of[req_id]
+            self._leave(req_id, cls)
+
+    def _leave(self, req_id: str, workload_class: str) -> None:
+        members = self.members.get(workload_class)
+        if members is not None:
+            members.pop(req_id, None)
+            if not members:
+                del self.members[workload_class]
 
     # -- schedule ----------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ import structlog
 
 from controller import __version__
 from controller.api import pb
+from controller.arms import MAX_K
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig, engine_default_arm
 from controller.engine.recorder import StepRecorder
@@ -36,6 +37,7 @@ from controller.engine.recorder import StepRecorder
 log = structlog.get_logger("controller.engine.scheduler")
 
 SUPPORTED_VLLM_VERSIONS = ("0.32",)
+_QUALNAME = "controller.engine.scheduler.SpecctlScheduler"
 
 # Method -> parameter names (after self) this plugin relies on.
 _HOOKS: dict[str, tuple[str, ...]] = {
@@ -50,6 +52,7 @@ _HOOKS: dict[str, tuple[str, ...]] = {
         "log_stats",
     ),
     "add_request": ("request",),
+    "_update_request_as_session": ("session", "update"),
     "schedule": ("throttle_prefills",),
     "_update_after_schedule": ("scheduler_output",),
     "update_draft_token_ids": ("draft_token_ids",),
@@ -148,6 +151,12 @@ class _SpecctlMixin:
         if spec is None or max_k <= 0:
             log.warning("specctl_disabled", reason="the engine runs without speculative decoding")
             return
+        if max_k > MAX_K:
+            raise ValueError(
+                f"specctl's scheduler supports at most {MAX_K} speculative tokens per step, "
+                f"and this engine is configured with num_speculative_tokens={max_k}: lower it "
+                f"to {MAX_K} or run without --scheduler-cls {_QUALNAME}"
+            )
         config = EngineConfig.load()
         method = str(spec.method)
         fallback = config.fallback(engine_default_arm(method, max_k))
@@ -182,18 +191,34 @@ class _SpecctlMixin:
         recorder = self.specctl
         if recorder is not None:
             try:
-                params = request.sampling_params
-                recorder.add(
-                    request.request_id,
-                    recorder.classify(
-                        params.extra_args if params is not None else None,
-                        request.num_prompt_tokens,
-                    ),
-                    request,
-                )
+                # A live id is a streaming-input session's next chunk: vLLM folds it into
+                # the session object, which keeps its place (see _update_request_as_session).
+                if request.request_id not in self.requests:  # type: ignore[attr-defined]
+                    self._specctl_classify(recorder, request)
             except Exception:  # a bookkeeping bug must never fail requests
                 log.exception("specctl_hook_failed", hook="add_request")
         super().add_request(request)  # type: ignore[misc]
+
+    def _update_request_as_session(self, session: Any, update: Any) -> None:
+        super()._update_request_as_session(session, update)  # type: ignore[misc]
+        recorder = self.specctl
+        if recorder is not None:
+            try:
+                # The chunk's sampling parameters are now the session's: so is its class.
+                self._specctl_classify(recorder, session)
+            except Exception:
+                log.exception("specctl_hook_failed", hook="_update_request_as_session")
+
+    @staticmethod
+    def _specctl_classify(recorder: StepRecorder, request: Any) -> None:
+        params = request.sampling_params
+        recorder.add(
+            request.request_id,
+            recorder.classify(
+                params.extra_args if params is not None else None, request.num_prompt_tokens
+            ),
+            request,
+        )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         recorder = self.specctl
