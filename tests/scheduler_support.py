@@ -96,10 +96,11 @@ def make_request(
     resumable: bool = False,
 ) -> Any:
     from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    init_none_hash(hash)
+    init_none_hash(sha256)
     extra = {"workload_class": workload_class} if workload_class is not None else None
     params = SamplingParams(
         temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra
@@ -109,7 +110,7 @@ def make_request(
         list(prompt),
         params,
         None,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, hash),
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
         resumable=resumable,
     )
 

@@ -152,3 +152,180 @@ def test_streaming_session_continuation_moves_to_the_class_it_names(tiny_model: 
     assert "s" not in recorder.class_of
     assert set(recorder.members) == {"default"}
     scheduler.shutdown()
+
+
+# -- 1. data parallelism ---------------------------------------------------------------------
+
+
+def _ks_and_drafts(scheduler: Any, steps: int) -> tuple[list[int], dict[str, set[int]]]:
+    ks: list[int] = []
+    drafted: dict[str, set[int]] = {}
+    for _ in range(steps):
+        output = sync_step(scheduler)
+        ks.append(output.num_spec_tokens_to_schedule)
+        for req_id in output.num_scheduled_tokens:
+            n = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
+            drafted.setdefault(req_id[0], set()).add(n)
+    return ks, drafted
+
+
+def _add_mixed(scheduler: Any) -> None:
+    for i in range(3):
+        scheduler.add_request(
+            make_request(f"a{i}", list(range(1, 33)), workload_class="a", max_tokens=400)
+        )
+        scheduler.add_request(
+            make_request(f"b{i}", list(range(1, 33)), workload_class="b", max_tokens=400)
+        )
+
+
+@pytest.mark.parametrize("seed", ["1", "2"])
+def test_data_parallel_ranks_propose_the_same_k_every_step(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch, seed: str
+) -> None:
+    """Each rank samples arms with its own random numbers; the step's K stays vLLM's."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    monkeypatch.setenv("SPECCTL_SEED", seed)
+    baseline = build_scheduler(Scheduler, tiny_model, data_parallel_size=2)
+    _add_mixed(baseline)
+    vllm_ks, _ = _ks_and_drafts(baseline, 8)
+
+    scheduler = build_scheduler(_specctl(), tiny_model, data_parallel_size=2)
+    entries = [
+        pb.ClassPolicy(
+            workload_class="a", load_bucket=0, arms=["off", "ngram/k=1"], probabilities=[0.5, 0.5]
+        ),
+        pb.ClassPolicy(workload_class="b", load_bucket=0, arms=["ngram/k=2"], probabilities=[1]),
+    ]
+    client = scheduler.specctl_client
+    client.close()
+    client.view = compile_policy(
+        pb.Policy(version=3, fallback_arm="ngram/k=4", entries=entries), {"ngram": 4}
+    )
+    _add_mixed(scheduler)
+    ks, drafted = _ks_and_drafts(scheduler, 8)
+    assert ks == vllm_ks == [4] * 8
+    # the per-class cuts still apply, on each rank
+    assert drafted["b"] == {0, 2}
+    assert drafted["a"] <= {0, 1} and drafted["a"] != {0}
+    scheduler.shutdown()
+
+
+def test_data_parallel_turns_specctls_lookup_off(tiny_model: str) -> None:
+    scheduler = build_scheduler(_specctl(), tiny_model, data_parallel_size=2)
+    _pin(scheduler, {"default": "off"})
+    scheduler.add_request(make_request("r", list(range(1, 33)), max_tokens=50))
+    for _ in range(3):
+        assert sync_step(scheduler).num_spec_tokens_to_schedule == 4
+        assert scheduler.dynamic_sd_lookup is None
+    scheduler.shutdown()
+
+
+# -- 3. a user's Dynamic SD table --------------------------------------------------------------
+
+TABLE = [(1, 2, 4), (3, 16, 1)]
+
+
+def test_user_table_caps_the_step_k_and_the_policy_chooses_below(tiny_model: str) -> None:
+    from controller.engine.recorder import RawStep
+
+    scheduler = build_scheduler(_specctl(), tiny_model, per_batch_size=TABLE)
+    _pin(scheduler, {"default": "ngram/k=3"})
+    for i in range(2):
+        scheduler.add_request(make_request(f"r{i}", list(range(1, 33)), max_tokens=400))
+    ks = [sync_step(scheduler).num_spec_tokens_to_schedule for _ in range(3)]
+    assert ks == [3, 3, 3]  # two requests: the table allows 4, the policy picks 3
+    for i in range(2, 4):
+        scheduler.add_request(make_request(f"r{i}", list(range(1, 33)), max_tokens=400))
+    outputs = [sync_step(scheduler) for _ in range(4)]
+    assert [o.num_spec_tokens_to_schedule for o in outputs] == [1, 1, 1, 1]
+    assert {len(v) for v in outputs[-1].scheduled_spec_decode_tokens.values()} == {1}
+    # what ran is what is reported: ngram/k=1, chosen with probability 1
+    queue = scheduler.specctl_client.queue
+    rows = [step.record() for step in queue if isinstance(step, RawStep)][-1]
+    assert set(rows.arms) == {"ngram/k=1"}
+    assert set(rows.propensity) == {1.0}
+    scheduler.shutdown()
+
+
+def test_user_table_in_fallback_runs_as_vllm(tiny_model: str) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    runs = []
+    for cls in (Scheduler, _specctl()):
+        scheduler = build_scheduler(cls, tiny_model, per_batch_size=TABLE)
+        ks = []
+        for i in range(4):
+            scheduler.add_request(make_request(f"r{i}", list(range(1, 33)), max_tokens=400))
+            ks.append(sync_step(scheduler).num_spec_tokens_to_schedule)
+        runs.append(ks)
+        scheduler.shutdown()
+    assert runs[0] == runs[1] == [4, 4, 1, 1]
+
+
+def test_capped_choice_carries_the_probability_of_every_arm_it_stands_for() -> None:
+    from controller.arms import parse_arm
+
+    policy = pb.Policy(
+        version=2,
+        fallback_arm="ngram/k=4",
+        entries=[
+            pb.ClassPolicy(
+                workload_class="default",
+                load_bucket=0,
+                arms=["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"],
+                probabilities=[0.1, 0.2, 0.3, 0.4],
+            )
+        ],
+    )
+    view = compile_policy(policy, {"ngram": 4})
+    seen = {}
+    for u in (0.05, 0.2, 0.45, 0.9):
+        choice = view.choose_capped("default", 0, u, 2)
+        seen[choice.arm.name] = choice.propensity
+    assert seen == {"off": 0.1, "ngram/k=1": 0.2, "ngram/k=2": pytest.approx(0.7)}
+    assert view.choose_capped("default", 0, 0.9, 0).arm == parse_arm("off")
+    assert view.choose_capped("default", 0, 0.9, 0).propensity == pytest.approx(1.0)
+
+
+# -- 7. the first decode step's padding --------------------------------------------------------
+
+
+def _prefix_hit_run(cls: type, tiny_model: str, pin: dict[str, str] | None) -> list[Any]:
+    """A request whose first step is a single token (a full prefix-cache hit), then decode."""
+    scheduler = build_scheduler(cls, tiny_model, enable_prefix_caching=True)
+    if pin is not None:
+        _pin(scheduler, pin)
+    prompt = list(range(1, 34))  # two full blocks and one token
+    scheduler.add_request(make_request("first", prompt, max_tokens=2))
+    while "first" in scheduler.requests:
+        sync_step(scheduler)
+    scheduler.add_request(make_request("hit", prompt, max_tokens=30))
+    outputs = []
+    for _ in range(4):
+        output = sync_step(scheduler)
+        outputs.append(
+            (
+                dict(output.num_scheduled_tokens),
+                {k: list(v) for k, v in output.scheduled_spec_decode_tokens.items()},
+                output.num_spec_tokens_to_schedule,
+            )
+        )
+    if pin is not None or cls is _specctl():
+        scheduler.shutdown()
+    return outputs
+
+
+def test_fallback_pads_the_first_decode_step_like_vllm(tiny_model: str) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    vllm_run = _prefix_hit_run(Scheduler, tiny_model, None)
+    assert vllm_run[0][0] == {"hit": 5} and vllm_run[0][1] == {"hit": [-1] * 4}
+    assert _prefix_hit_run(_specctl(), tiny_model, None) == vllm_run
+
+
+def test_outside_fallback_the_first_decode_step_is_not_padded(tiny_model: str) -> None:
+    run = _prefix_hit_run(_specctl(), tiny_model, {"default": "ngram/k=4"})
+    assert run[0][0] == {"hit": 1} and run[0][1] == {}
+    assert run[1][1] == {"hit": [7] * 4}

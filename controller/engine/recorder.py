@@ -28,7 +28,7 @@ import structlog
 
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig
-from controller.engine.policy_view import Choice
+from controller.engine.policy_view import Choice, PolicyView
 from controller.engine.step_clock import make_step_clock
 from controller.steps import StepRecord, validate_class_name
 
@@ -122,10 +122,22 @@ class RawStep:
 class StepRecorder:
     """Samples arms, cuts drafts to each class's K and captures outcomes for one engine."""
 
-    def __init__(self, config: EngineConfig, client: SidecarClient, max_k: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        client: SidecarClient,
+        max_k: int,
+        *,
+        k_by_batch_size: Sequence[int] | None = None,
+        fixed_step_k: bool = False,
+    ) -> None:
         self.config = config
         self.client = client
         self.max_k = max_k
+        # A user's Dynamic SD table (vLLM's dense batch size -> K lookup): caps each step.
+        self.k_by_batch_size = k_by_batch_size
+        # Data parallelism: every step proposes max_k drafts, whatever the arms.
+        self.fixed_step_k = fixed_step_k
         self.rng = random.Random(config.seed)
         self.invalid_class_total = 0
         self._warned: set[str] = set()
@@ -218,18 +230,29 @@ class StepRecorder:
 
     # -- schedule ----------------------------------------------------------------------------
 
-    def on_schedule(self, output_id: int, batch_size: int, start_clock: float) -> int:
+    def on_schedule(
+        self,
+        output_id: int,
+        batch_size: int,
+        start_clock: float,
+        view: PolicyView | None = None,
+    ) -> int:
         """Sample an arm per class with live requests; return the step's K.
 
         The previous step's arms are kept as the plan of this output: they
-        governed the drafts it verifies.
+        governed the drafts it verifies. ``view`` is the policy the scheduler
+        read at the start of the step (default: the client's current one).
+        With a Dynamic SD table, no arm runs above the table's K for the batch
+        size; with ``fixed_step_k`` the step's K is ``max_k`` and only the
+        per-class cuts follow the arms.
         """
         wall_starts = self._wall_starts
         if wall_starts is not None:
             if len(wall_starts) > _MAX_PENDING_PLANS:
                 wall_starts.clear()
             wall_starts[output_id] = time.monotonic()
-        view = self.client.view
+        if view is None:
+            view = self.client.view
         bucket = view.load_bucket(batch_size)
         previous = self.chosen
         if len(self._plans) > _MAX_PENDING_PLANS:  # outputs vLLM never processed (shutdown)
@@ -239,14 +262,23 @@ class StepRecorder:
         else:
             self._plans[output_id] = _Plan(start_clock, previous, view.version, bucket)
         rand = self.rng.random
-        choose = view.choose
         chosen: dict[str, Choice] = {}
         step_k = 0
-        for cls in self.members:
-            choice = chosen[cls] = choose(cls, bucket, rand())
-            if choice.arm.k > step_k:
-                step_k = choice.arm.k
-        step_k = min(step_k, self.max_k)
+        table = self.k_by_batch_size
+        cap = table[batch_size] if table is not None and 0 < batch_size < len(table) else None
+        if cap is None or cap >= self.max_k:
+            choose = view.choose
+            for cls in self.members:
+                choice = chosen[cls] = choose(cls, bucket, rand())
+                if choice.arm.k > step_k:
+                    step_k = choice.arm.k
+        else:
+            choose_capped = view.choose_capped
+            for cls in self.members:
+                choice = chosen[cls] = choose_capped(cls, bucket, rand(), cap)
+                if choice.arm.k > step_k:
+                    step_k = choice.arm.k
+        step_k = self.max_k if self.fixed_step_k else min(step_k, self.max_k)
         self.chosen = chosen
         self._version = view.version
         self._bucket = bucket

@@ -178,8 +178,20 @@ class _SpecctlMixin:
         )
         client = SidecarClient(config, hello, {method: max_k}, fallback)
         self.specctl_client = client
-        self.specctl = StepRecorder(config, client, max_k)
-        self.dynamic_sd_lookup = _StepK(max_k)
+        # vLLM's dense lookup of the user's Dynamic SD table (None without one; vLLM drops
+        # the table under data parallelism): it caps the step's K, the policy picks below.
+        table: list[int] | None = self.dynamic_sd_lookup  # type: ignore[has-type]
+        self._specctl_table = table
+        # Under data parallelism every rank must propose the same number of drafts on
+        # every step, or the ranks' collectives diverge: the step's K stays vLLM's.
+        self._specctl_dp = int(vllm_config.parallel_config.data_parallel_size) > 1
+        self.specctl = StepRecorder(
+            config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp
+        )
+        self._specctl_engine_arm = engine_default_arm(method, max_k)
+        self._specctl_lookup = _StepK(max_k)
+        self._specctl_view = client.view
+        self._specctl_sets_k = False
         self._specctl_schedule_start = 0.0
         client.start()
         log.info(
@@ -230,7 +242,28 @@ class _SpecctlMixin:
                 except Exception:
                     log.exception("specctl_hook_failed", hook="schedule")
             self._specctl_schedule_start = recorder.clock()
+            try:
+                self._specctl_begin_step()
+            except Exception:
+                log.exception("specctl_hook_failed", hook="schedule")
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _specctl_begin_step(self) -> None:
+        """Read the policy once for the step and decide who sets the step's K.
+
+        In fallback on the engine's own setting, and under data parallelism,
+        the step runs exactly as in vLLM's scheduler: vLLM's K and vLLM's
+        lookup (the user's table or none, so vLLM pads a request's first decode
+        step to 1+K as it does without specctl). Otherwise specctl's lookup
+        stands in, which also turns that padding off, as vLLM's Dynamic SD does.
+        """
+        view = self.specctl_client.view  # type: ignore[union-attr]
+        self._specctl_view = view
+        as_vllm = self._specctl_dp or (
+            view.version == 0 and view.fallback == self._specctl_engine_arm
+        )
+        self._specctl_sets_k = not as_vllm
+        self.dynamic_sd_lookup = self._specctl_table if as_vllm else self._specctl_lookup
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         recorder = self.specctl
@@ -238,9 +271,12 @@ class _SpecctlMixin:
             num_scheduled = scheduler_output.num_scheduled_tokens
             try:
                 k = recorder.on_schedule(
-                    id(scheduler_output), len(num_scheduled), self._specctl_schedule_start
+                    id(scheduler_output),
+                    len(num_scheduled),
+                    self._specctl_schedule_start,
+                    self._specctl_view,
                 )
-                if num_scheduled:
+                if num_scheduled and self._specctl_sets_k:
                     # Read by the drafter, and by AsyncScheduler for its placeholders.
                     scheduler_output.num_spec_tokens_to_schedule = k
             except Exception:  # vLLM's own K stands for this step
