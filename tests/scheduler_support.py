@@ -26,6 +26,7 @@ def build_scheduler(
     max_num_seqs: int = 16,
     max_num_batched_tokens: int = 8192,
     per_batch_size: list[tuple[int, int, int]] | None = None,
+    cudagraph_mode: str | None = None,
 ) -> Any:
     import torch
     from vllm.config import (
@@ -67,6 +68,11 @@ def build_scheduler(
     # The CPU platform turns async scheduling off; the scheduler code is the same.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     vllm_config.cache_config.num_gpu_blocks = num_blocks
+    if cudagraph_mode is not None:
+        # The CPU platform turns CUDA graphs off; set the mode a GPU engine would run.
+        from vllm.config import CUDAGraphMode
+
+        vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],

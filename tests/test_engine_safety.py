@@ -329,3 +329,71 @@ def test_outside_fallback_the_first_decode_step_is_not_padded(tiny_model: str) -
     run = _prefix_hit_run(_specctl(), tiny_model, {"default": "ngram/k=4"})
     assert run[0][0] == {"hit": 1} and run[0][1] == {}
     assert run[1][1] == {"hit": [7] * 4}
+
+
+# -- 2. CUDA graphs ----------------------------------------------------------------------------
+
+
+def _engine_config(tiny_model: str, scheduler_cls: str, **kwargs: Any) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    speculative = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                   "prompt_lookup_min": 1, **kwargs.pop("speculative", {})}  # fmt: skip
+    args = EngineArgs(
+        model=tiny_model,
+        max_model_len=2048,
+        scheduler_cls=scheduler_cls,
+        speculative_config=speculative,
+        compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"},
+        **kwargs,
+    )
+    return args.create_engine_config()
+
+
+def test_plugin_makes_vllm_apply_its_dynamic_sd_graph_safety(tiny_model: str) -> None:
+    """The entry point gives vLLM a constant table, so vLLM's own override applies."""
+    from vllm.config import CUDAGraphMode
+
+    from controller.engine.vllm_plugin import register
+
+    register()
+    register()  # once per process, however often vLLM loads it
+    config = _engine_config(tiny_model, "controller.engine.scheduler.SpecctlScheduler")
+    assert config.speculative_config.num_speculative_tokens_per_batch_size == [(1, 1, 4)]
+    # The CPU platform turns graphs off afterwards; vLLM's check itself is what matters.
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    config._maybe_override_dynamic_sd_cudagraph_mode()
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+
+    # a user's table is kept; other schedulers are left alone
+    table = [[1, 8, 3], [9, 256, 1]]
+    config = _engine_config(
+        tiny_model, "controller.engine.scheduler.SpecctlScheduler",
+        speculative={"num_speculative_tokens_per_batch_size": table},
+    )  # fmt: skip
+    assert [list(r) for r in config.speculative_config.num_speculative_tokens_per_batch_size] == (
+        table
+    )
+    config = _engine_config(tiny_model, "vllm.v1.core.sched.scheduler.Scheduler")
+    assert config.speculative_config.num_speculative_tokens_per_batch_size is None
+
+
+def test_plugin_is_a_vllm_general_plugin() -> None:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    plugins = pyproject["project"]["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"specctl": "controller.engine.vllm_plugin:register"}
+
+
+def test_full_cuda_graphs_without_the_plugin_are_refused_at_start_up(tiny_model: str) -> None:
+    with pytest.raises(ValueError, match=r"FULL CUDA graphs .*cudagraph_mode=FULL_AND_PIECEWISE"):
+        build_scheduler(_specctl(), tiny_model, cudagraph_mode="FULL_AND_PIECEWISE")
+    # fine: piecewise graphs, a Dynamic SD table (vLLM went piecewise), data parallelism
+    for kwargs in (
+        {"cudagraph_mode": "PIECEWISE"},
+        {"cudagraph_mode": "FULL_AND_PIECEWISE", "per_batch_size": [(1, 1, 4)]},
+        {"cudagraph_mode": "FULL_AND_PIECEWISE", "data_parallel_size": 2},
+    ):
+        build_scheduler(_specctl(), tiny_model, **kwargs).shutdown()

@@ -157,6 +157,22 @@ class _SpecctlMixin:
                 f"and this engine is configured with num_speculative_tokens={max_k}: lower it "
                 f"to {MAX_K} or run without --scheduler-cls {_QUALNAME}"
             )
+        data_parallel = int(vllm_config.parallel_config.data_parallel_size) > 1
+        graphs = vllm_config.compilation_config.cudagraph_mode
+        if (
+            not data_parallel
+            and spec.num_speculative_tokens_per_batch_size is None
+            and not self.use_v2_model_runner  # type: ignore[attr-defined]
+            and graphs.has_full_cudagraphs()
+        ):
+            raise ValueError(
+                "specctl's scheduler changes the number of speculative tokens per step, which "
+                f"FULL CUDA graphs of vLLM's V1 model runner (cudagraph_mode={graphs.name}) "
+                "replay at one fixed length: let specctl's vLLM plugin declare it (if "
+                "VLLM_PLUGINS is set, it must include 'specctl'), give --speculative-config a "
+                "num_speculative_tokens_per_batch_size table, or set --compilation-config "
+                '\'{"cudagraph_mode": "PIECEWISE"}\''
+            )
         config = EngineConfig.load()
         method = str(spec.method)
         fallback = config.fallback(engine_default_arm(method, max_k))
@@ -184,7 +200,7 @@ class _SpecctlMixin:
         self._specctl_table = table
         # Under data parallelism every rank must propose the same number of drafts on
         # every step, or the ranks' collectives diverge: the step's K stays vLLM's.
-        self._specctl_dp = int(vllm_config.parallel_config.data_parallel_size) > 1
+        self._specctl_dp = data_parallel
         self.specctl = StepRecorder(
             config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp
         )
