@@ -397,3 +397,60 @@ def test_full_cuda_graphs_without_the_plugin_are_refused_at_start_up(tiny_model:
         {"cudagraph_mode": "FULL_AND_PIECEWISE", "data_parallel_size": 2},
     ):
         build_scheduler(_specctl(), tiny_model, **kwargs).shutdown()
+
+
+# -- 8. async scheduling with outputs in flight ------------------------------------------------
+
+
+def _async_kv_pressure_scheduler(cls: type, tiny_model: str, num_speculative_tokens: int) -> Any:
+    return build_scheduler(
+        cls, tiny_model, num_speculative_tokens=num_speculative_tokens, async_scheduling=True,
+        num_blocks=5, max_num_batched_tokens=512,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("pp_size", [1, 3])
+def test_k_changing_every_step_keeps_vllms_in_flight_accounting(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch, pp_size: int
+) -> None:
+    """vLLM's reset-under-KV-pressure scenario with K drawn from 1..3 on every step."""
+    from scheduler_support import reset_under_kv_pressure
+
+    failures = {}
+    for seed in range(20):
+        monkeypatch.setenv("SPECCTL_SEED", str(seed))
+        scheduler = _async_kv_pressure_scheduler(_specctl(), tiny_model, 3)
+        entry = pb.ClassPolicy(
+            workload_class="default", load_bucket=0,
+            arms=["ngram/k=1", "ngram/k=2", "ngram/k=3"], probabilities=[1 / 3] * 3,
+        )  # fmt: skip
+        client = scheduler.specctl_client
+        client.close()
+        client.view = compile_policy(
+            pb.Policy(version=2, fallback_arm="ngram/k=3", entries=[entry]), {"ngram": 3}
+        )
+        problems = reset_under_kv_pressure(scheduler, pp_size)
+        scheduler.shutdown()
+        if problems:
+            failures[seed] = problems
+    assert failures == {}
+
+
+def test_stale_count_on_a_finished_request_is_vllms_own_without_speculation(
+    tiny_model: str,
+) -> None:
+    """vLLM's AsyncScheduler with no speculative decoding reaches the same end state.
+
+    A request preempted under KV pressure with two outputs in flight finishes
+    on the first one's tokens and is freed before the second arrives, so its
+    stale-token counter stays at 1 on the freed request. A step that verifies
+    no drafts for a request (specctl's ``off``) schedules as this engine does;
+    when vLLM changes this, the tripwire fails and docs/engine-safety.md is
+    updated.
+    """
+    from scheduler_support import reset_under_kv_pressure
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    scheduler = _async_kv_pressure_scheduler(AsyncScheduler, tiny_model, 0)
+    assert scheduler.num_spec_tokens == 0
+    assert reset_under_kv_pressure(scheduler, 3) == ["1: num_stale_output_tokens=1"]
