@@ -9,10 +9,15 @@ needs.
 
 The hooks, all in vLLM 0.32's ``Scheduler``:
 
-- ``add_request``: the request's workload class, once.
+- ``add_request``: the request's workload class, once (a streaming-input
+  session's next chunk is folded into the session by vLLM, and
+  ``_update_request_as_session`` moves the session to the chunk's class).
 - ``schedule`` / ``_update_after_schedule``: sample an arm per (class, load
   bucket) from the current policy and set the step-level K the drafter
-  proposes, through vLLM's dynamic speculative decoding lookup.
+  proposes, through vLLM's dynamic speculative decoding lookup. In fallback on
+  the engine's own setting, and under data parallelism, the step's K and
+  lookup stay vLLM's; a user's Dynamic SD table caps K. See
+  docs/engine-safety.md.
 - ``update_draft_token_ids`` (sync) or the draft placeholders (async):
   truncate each request's drafts to its own arm's K (0 for ``off``).
 - ``update_from_output``: record drafted and accepted per request, the step's
