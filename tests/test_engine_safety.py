@@ -378,6 +378,17 @@ def test_plugin_makes_vllm_apply_its_dynamic_sd_graph_safety(tiny_model: str) ->
     assert config.speculative_config.num_speculative_tokens_per_batch_size is None
 
 
+def test_plugin_leaves_data_parallel_engines_to_vllms_static_k() -> None:
+    from types import SimpleNamespace
+
+    from controller.engine.vllm_plugin import declares_varying_k
+
+    ours = "controller.engine.scheduler.SpecctlScheduler"
+    assert declares_varying_k(SimpleNamespace(scheduler_cls=ours, data_parallel_size=1))
+    assert not declares_varying_k(SimpleNamespace(scheduler_cls=ours, data_parallel_size=2))
+    assert not declares_varying_k(SimpleNamespace(scheduler_cls=None, data_parallel_size=1))
+
+
 def test_plugin_is_a_vllm_general_plugin() -> None:
     import tomllib
     from pathlib import Path
@@ -454,3 +465,21 @@ def test_stale_count_on_a_finished_request_is_vllms_own_without_speculation(
     scheduler = _async_kv_pressure_scheduler(AsyncScheduler, tiny_model, 0)
     assert scheduler.num_spec_tokens == 0
     assert reset_under_kv_pressure(scheduler, 3) == ["1: num_stale_output_tokens=1"]
+
+
+def test_a_failing_hook_leaves_the_step_to_the_users_table(
+    tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = build_scheduler(_specctl(), tiny_model, per_batch_size=TABLE)
+    _pin(scheduler, {"default": "ngram/k=4"})
+
+    def broken(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("bookkeeping bug")
+
+    monkeypatch.setattr(scheduler.specctl, "on_schedule", broken)
+    for i in range(4):
+        scheduler.add_request(make_request(f"r{i}", list(range(1, 33)), max_tokens=400))
+    outputs = [sync_step(scheduler) for _ in range(3)]
+    assert [o.num_spec_tokens_to_schedule for o in outputs] == [1, 1, 1]  # the table's K at 4
+    assert all(len(o.num_scheduled_tokens) == 4 for o in outputs)  # the requests run
+    scheduler.shutdown()

@@ -124,18 +124,22 @@ def _configure_logging() -> None:
 
 
 class _StepK:
-    """Stands in for vLLM's dynamic-SD lookup (batch size -> K): returns the step's K.
+    """Stands in for vLLM's dynamic-SD lookup (batch size -> K) while specctl sets K.
 
     Setting a lookup also stops vLLM from padding new decodes to a fixed K.
+    specctl overrides the K vLLM reads from it after scheduling; if that hook
+    fails, the step runs with this K: the user's table's, else the engine's.
     """
 
-    __slots__ = ("k",)
+    __slots__ = ("k", "table")
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, table: list[int] | None = None) -> None:
         self.k = k
+        self.table = table
 
     def __getitem__(self, batch_size: int) -> int:
-        return self.k
+        table = self.table
+        return self.k if table is None else table[batch_size]
 
 
 class _SpecctlMixin:
@@ -210,7 +214,7 @@ class _SpecctlMixin:
             config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp
         )
         self._specctl_engine_arm = engine_default_arm(method, max_k)
-        self._specctl_lookup = _StepK(max_k)
+        self._specctl_lookup = _StepK(max_k, table)
         self._specctl_view = client.view
         self._specctl_sets_k = False
         self._specctl_schedule_start = 0.0

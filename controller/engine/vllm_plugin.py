@@ -14,7 +14,8 @@ runs specctl's scheduler with speculative decoding and no Dynamic SD table of
 the user's, it gives the speculative config the one-row table
 ``[(1, 1, num_speculative_tokens)]``: the same K at every batch size (vLLM
 carries the last row forward), so vLLM's own safety applies and nothing else
-changes. A user's own table is left as it is. Where the plugin is not loaded
+changes. A user's own table is left as it is, and so is an engine with data
+parallelism (specctl keeps vLLM's static K there). Where the plugin is not loaded
 (``VLLM_PLUGINS`` excludes it), the scheduler refuses FULL CUDA graphs of the
 V1 runner at start-up (see ``controller.engine.scheduler``).
 """
@@ -38,6 +39,16 @@ def uses_specctl(scheduler_cls: object) -> bool:
     return False
 
 
+def declares_varying_k(engine_args: Any) -> bool:
+    """Whether an engine with these ``EngineArgs`` gets the constant table.
+
+    Under data parallelism specctl keeps vLLM's static K, and vLLM would drop
+    the table (with a warning about a table the user never gave).
+    """
+    single_rank = int(getattr(engine_args, "data_parallel_size", 1) or 1) <= 1
+    return single_rank and uses_specctl(getattr(engine_args, "scheduler_cls", None))
+
+
 def declare_varying_k(speculative_config: Any) -> None:
     """Give a speculative config without a Dynamic SD table the constant one-row table."""
     if speculative_config is None:
@@ -59,7 +70,7 @@ def register() -> None:
 
     def create_speculative_config(self: Any, *args: Any, **kwargs: Any) -> Any:
         config = original(self, *args, **kwargs)
-        if uses_specctl(getattr(self, "scheduler_cls", None)):
+        if declares_varying_k(self):
             declare_varying_k(config)
         return config
 
