@@ -401,6 +401,9 @@ def test_plugin_is_a_vllm_general_plugin() -> None:
 def test_full_cuda_graphs_without_the_plugin_are_refused_at_start_up(tiny_model: str) -> None:
     with pytest.raises(ValueError, match=r"FULL CUDA graphs .*cudagraph_mode=FULL_AND_PIECEWISE"):
         build_scheduler(_specctl(), tiny_model, cudagraph_mode="FULL_AND_PIECEWISE")
+    # the V2 model runner too: its drafter replays the captured number of draft steps
+    with pytest.raises(ValueError, match=r"FULL CUDA graphs \(cudagraph_mode=FULL\)"):
+        build_scheduler(_specctl(), tiny_model, cudagraph_mode="FULL")
     # fine: piecewise graphs, a Dynamic SD table (vLLM went piecewise), data parallelism
     for kwargs in (
         {"cudagraph_mode": "PIECEWISE"},

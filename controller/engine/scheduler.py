@@ -168,16 +168,18 @@ class _SpecctlMixin:
             )
         data_parallel = int(vllm_config.parallel_config.data_parallel_size) > 1
         graphs = vllm_config.compilation_config.cudagraph_mode
+        # Without a Dynamic SD table vLLM captures FULL graphs for one K: the V1 model
+        # runner's target graphs replay one verification length, and the V2 runner's
+        # drafter replays its captured number of draft steps for any K.
         if (
             not data_parallel
             and spec.num_speculative_tokens_per_batch_size is None
-            and not self.use_v2_model_runner  # type: ignore[attr-defined]
             and graphs.has_full_cudagraphs()
         ):
             raise ValueError(
                 "specctl's scheduler changes the number of speculative tokens per step, which "
-                f"FULL CUDA graphs of vLLM's V1 model runner (cudagraph_mode={graphs.name}) "
-                "replay at one fixed length: let specctl's vLLM plugin declare it (if "
+                f"FULL CUDA graphs (cudagraph_mode={graphs.name}) captured without a Dynamic "
+                "SD table replay at one fixed K: let specctl's vLLM plugin declare it (if "
                 "VLLM_PLUGINS is set, it must include 'specctl'), give --speculative-config a "
                 "num_speculative_tokens_per_batch_size table, or set --compilation-config "
                 '\'{"cudagraph_mode": "PIECEWISE"}\''

@@ -4,9 +4,10 @@ specctl changes the number of speculative tokens each step verifies. vLLM
 knows how to run safely when that happens, but only for its own Dynamic SD
 (``num_speculative_tokens_per_batch_size``): it then switches the V1 model
 runner's CUDA graphs from FULL to PIECEWISE (the graphs replay a fixed
-verification length), captures the V2 runner's graphs per length, and turns
-Dynamic SD off under data parallelism. The configuration is built before any
-scheduler exists, so the scheduler cannot arrange this itself.
+verification length), captures the V2 runner's graphs, its drafter's
+included, per length, and turns Dynamic SD off under data parallelism. The
+configuration is built before any scheduler exists, so the scheduler cannot
+arrange this itself.
 
 Registered as a ``vllm.general_plugins`` entry point, :func:`register` runs in
 every vLLM process before the engine's configuration is built. When the engine
@@ -16,8 +17,8 @@ the user's, it gives the speculative config the one-row table
 carries the last row forward), so vLLM's own safety applies and nothing else
 changes. A user's own table is left as it is, and so is an engine with data
 parallelism (specctl keeps vLLM's static K there). Where the plugin is not loaded
-(``VLLM_PLUGINS`` excludes it), the scheduler refuses FULL CUDA graphs of the
-V1 runner at start-up (see ``controller.engine.scheduler``).
+(``VLLM_PLUGINS`` excludes it), the scheduler refuses FULL CUDA graphs without
+a table at start-up (see ``controller.engine.scheduler``).
 """
 
 from __future__ import annotations
