@@ -486,3 +486,41 @@ def test_a_failing_hook_leaves_the_step_to_the_users_table(
     assert [o.num_spec_tokens_to_schedule for o in outputs] == [1, 1, 1]  # the table's K at 4
     assert all(len(o.num_scheduled_tokens) == 4 for o in outputs)  # the requests run
     scheduler.shutdown()
+
+
+# -- in fallback on the engine's own setting, the scheduler is vLLM's -------------------------
+
+
+@pytest.mark.parametrize("pp_size", [1, 3])
+def test_fallback_schedules_every_step_as_vllm_under_async_preemption(
+    tiny_model: str, pp_size: int
+) -> None:
+    """vLLM's reset-under-KV-pressure scenario, step by step, against vLLM's AsyncScheduler."""
+    from scheduler_support import reset_under_kv_pressure
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    runs = []
+    for cls in (AsyncScheduler, _specctl()):
+        scheduler = _async_kv_pressure_scheduler(cls, tiny_model, 3)
+        steps: list[Any] = []
+        schedule = scheduler.schedule
+
+        def recording_schedule(*args: Any, _schedule: Any = schedule, _steps: Any = steps) -> Any:
+            output = _schedule(*args)
+            _steps.append(
+                (
+                    dict(output.num_scheduled_tokens),
+                    {k: list(v) for k, v in output.scheduled_spec_decode_tokens.items()},
+                    output.num_spec_tokens_to_schedule,
+                    sorted(output.preempted_req_ids or ()),
+                )
+            )
+            return output
+
+        scheduler.schedule = recording_schedule
+        reset_under_kv_pressure(scheduler, pp_size)
+        runs.append(steps)
+        if cls is not AsyncScheduler:
+            scheduler.shutdown()
+    assert len(runs[0]) > 20
+    assert runs[1] == runs[0]
