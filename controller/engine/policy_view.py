@@ -46,9 +46,29 @@ class _Entry:
             )
             object.__setattr__(self, "choices", choices)
 
+    # Capped choices by cap, built on first use (see :meth:`capped`).
+    capped_choices: dict[int, Choice] = field(default_factory=dict, compare=False)
+
     def sample(self, u: float) -> Choice:
         i = bisect.bisect_right(self.cumulative, u * self.cumulative[-1])
         return self.choices[min(i, len(self.choices) - 1)]
+
+    def capped(self, drafter: str, cap: int) -> Choice:
+        """The arm every arm of ``drafter`` above ``cap`` becomes, with its total probability.
+
+        Under a cap, the policy's arms ``k >= cap`` all run as ``k = cap``: the
+        arm that ran was chosen with the sum of their probabilities.
+        """
+        choice = self.capped_choices.get(cap)
+        if choice is None:
+            arm = capped_arm(drafter, cap)
+            p = sum(
+                q
+                for a, q in zip(self.arms, self.probabilities, strict=True)
+                if capped_arm(a.drafter, min(a.k, cap)) == arm
+            )
+            choice = self.capped_choices[cap] = Choice(arm, p)
+        return choice
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,10 @@ class PolicyView:
     received_monotonic: float
     entries: Mapping[tuple[str, int], _Entry] = field(default_factory=dict)
     fallback_choice: Choice = field(init=False, repr=False, compare=False)
+    # The fallback arm under each cap, built on first use.
+    capped_fallback: dict[int, Choice] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fallback_choice", Choice(self.fallback, 1.0))
@@ -81,6 +105,35 @@ class PolicyView:
             if entry is None:
                 return self.fallback_choice
         return entry.sample(u)
+
+    def choose_capped(self, workload_class: str, load_bucket: int, u: float, cap: int) -> Choice:
+        """:meth:`choose` under a step-level cap on K (a user's Dynamic SD table).
+
+        An arm above the cap runs at the cap; the returned choice names the
+        arm that runs and the probability that the policy runs it, so the
+        sidecar learns from what ran with a true propensity.
+        """
+        entry = self.entries.get((workload_class, load_bucket))
+        if entry is None:
+            entry = self.entries.get((self.default_class, load_bucket))
+        if entry is None:
+            choice = self.fallback_choice
+            if choice.arm.k <= cap:
+                return choice
+            capped = self.capped_fallback.get(cap)
+            if capped is None:
+                capped = Choice(capped_arm(choice.arm.drafter, cap), 1.0)
+                self.capped_fallback[cap] = capped
+            return capped
+        choice = entry.sample(u)
+        if choice.arm.k < cap:
+            return choice  # runs as sampled, and no other arm runs as it
+        return entry.capped(choice.arm.drafter, cap)
+
+
+def capped_arm(drafter: str, k: int) -> Arm:
+    """``drafter`` at ``k`` tokens; ``off`` at 0."""
+    return OFF if k <= 0 else Arm(drafter, k)
 
 
 def fallback_view(fallback: Arm, load_bucket_bounds: Sequence[int] = ()) -> PolicyView:

@@ -28,7 +28,7 @@ import structlog
 
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig
-from controller.engine.policy_view import Choice
+from controller.engine.policy_view import Choice, PolicyView
 from controller.engine.step_clock import make_step_clock
 from controller.steps import StepRecord, validate_class_name
 
@@ -122,10 +122,22 @@ class RawStep:
 class StepRecorder:
     """Samples arms, cuts drafts to each class's K and captures outcomes for one engine."""
 
-    def __init__(self, config: EngineConfig, client: SidecarClient, max_k: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        client: SidecarClient,
+        max_k: int,
+        *,
+        k_by_batch_size: Sequence[int] | None = None,
+        fixed_step_k: bool = False,
+    ) -> None:
         self.config = config
         self.client = client
         self.max_k = max_k
+        # A user's Dynamic SD table (vLLM's dense batch size -> K lookup): caps each step.
+        self.k_by_batch_size = k_by_batch_size
+        # Data parallelism: every step proposes max_k drafts, whatever the arms.
+        self.fixed_step_k = fixed_step_k
         self.rng = random.Random(config.seed)
         self.invalid_class_total = 0
         self._warned: set[str] = set()
@@ -177,6 +189,14 @@ class StepRecorder:
         return name
 
     def add(self, req_id: str, workload_class: str, request: Any) -> None:
+        """Put a request in its class; a request already held under another class moves.
+
+        The same id comes back for a new request that reuses a finished one's
+        id, and for a streaming-input session whose next chunk names a class.
+        """
+        previous = self.class_of.get(req_id)
+        if previous is not None and previous != workload_class:
+            self._leave(req_id, previous)
         self.class_of[req_id] = workload_class
         members = self.members.get(workload_class)
         if members is None:
@@ -184,30 +204,55 @@ class StepRecorder:
         members[req_id] = request
 
     def forget(self, req_ids: Iterable[str]) -> None:
-        """Requests that finished (or were aborted) since the last step."""
+        """Requests that finished (or were aborted) since the last step.
+
+        vLLM reports a finished request's id at the next step, after a new
+        request may have been added under the same id: only a finished
+        request object leaves, so the new one keeps its class.
+        """
         class_of = self.class_of
         for req_id in req_ids:
-            cls = class_of.pop(req_id, None)
-            if cls is not None:
-                members = self.members[cls]
-                members.pop(req_id, None)
-                if not members:
-                    del self.members[cls]
+            cls = class_of.get(req_id)
+            if cls is None:
+                continue
+            request = self.members[cls].get(req_id)
+            if request is not None and not request.is_finished():
+                continue  # a live request now holds this id
+            del class_of[req_id]
+            self._leave(req_id, cls)
+
+    def _leave(self, req_id: str, workload_class: str) -> None:
+        members = self.members.get(workload_class)
+        if members is not None:
+            members.pop(req_id, None)
+            if not members:
+                del self.members[workload_class]
 
     # -- schedule ----------------------------------------------------------------------------
 
-    def on_schedule(self, output_id: int, batch_size: int, start_clock: float) -> int:
+    def on_schedule(
+        self,
+        output_id: int,
+        batch_size: int,
+        start_clock: float,
+        view: PolicyView | None = None,
+    ) -> int:
         """Sample an arm per class with live requests; return the step's K.
 
         The previous step's arms are kept as the plan of this output: they
-        governed the drafts it verifies.
+        governed the drafts it verifies. ``view`` is the policy the scheduler
+        read at the start of the step (default: the client's current one).
+        With a Dynamic SD table, no arm runs above the table's K for the batch
+        size; with ``fixed_step_k`` the step's K is ``max_k`` and only the
+        per-class cuts follow the arms.
         """
         wall_starts = self._wall_starts
         if wall_starts is not None:
             if len(wall_starts) > _MAX_PENDING_PLANS:
                 wall_starts.clear()
             wall_starts[output_id] = time.monotonic()
-        view = self.client.view
+        if view is None:
+            view = self.client.view
         bucket = view.load_bucket(batch_size)
         previous = self.chosen
         if len(self._plans) > _MAX_PENDING_PLANS:  # outputs vLLM never processed (shutdown)
@@ -221,14 +266,23 @@ class StepRecorder:
         # all but never give a step in which every class drafts short, and the cost of short
         # steps would stay unmeasured; each class's own distribution is unchanged.
         u = self.rng.random()
-        choose = view.choose
         chosen: dict[str, Choice] = {}
         step_k = 0
-        for cls in self.members:
-            choice = chosen[cls] = choose(cls, bucket, u)
-            if choice.arm.k > step_k:
-                step_k = choice.arm.k
-        step_k = min(step_k, self.max_k)
+        table = self.k_by_batch_size
+        cap = table[batch_size] if table is not None and 0 < batch_size < len(table) else None
+        if cap is None or cap >= self.max_k:
+            choose = view.choose
+            for cls in self.members:
+                choice = chosen[cls] = choose(cls, bucket, u)
+                if choice.arm.k > step_k:
+                    step_k = choice.arm.k
+        else:
+            choose_capped = view.choose_capped
+            for cls in self.members:
+                choice = chosen[cls] = choose_capped(cls, bucket, u, cap)
+                if choice.arm.k > step_k:
+                    step_k = choice.arm.k
+        step_k = self.max_k if self.fixed_step_k else min(step_k, self.max_k)
         self.chosen = chosen
         self._version = view.version
         self._bucket = bucket

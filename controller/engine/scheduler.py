@@ -9,10 +9,15 @@ needs.
 
 The hooks, all in vLLM 0.32's ``Scheduler``:
 
-- ``add_request``: the request's workload class, once.
+- ``add_request``: the request's workload class, once (a streaming-input
+  session's next chunk is folded into the session by vLLM, and
+  ``_update_request_as_session`` moves the session to the chunk's class).
 - ``schedule`` / ``_update_after_schedule``: sample an arm per (class, load
   bucket) from the current policy and set the step-level K the drafter
-  proposes, through vLLM's dynamic speculative decoding lookup.
+  proposes, through vLLM's dynamic speculative decoding lookup. In fallback on
+  the engine's own setting, and under data parallelism, the step's K and
+  lookup stay vLLM's; a user's Dynamic SD table caps K. See
+  docs/engine-safety.md.
 - ``update_draft_token_ids`` (sync) or the draft placeholders (async):
   truncate each request's drafts to its own arm's K (0 for ``off``).
 - ``update_from_output``: record drafted and accepted per request, the step's
@@ -29,6 +34,7 @@ import structlog
 
 from controller import __version__
 from controller.api import pb
+from controller.arms import MAX_K
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig, engine_default_arm
 from controller.engine.recorder import StepRecorder
@@ -36,6 +42,7 @@ from controller.engine.recorder import StepRecorder
 log = structlog.get_logger("controller.engine.scheduler")
 
 SUPPORTED_VLLM_VERSIONS = ("0.32",)
+_QUALNAME = "controller.engine.scheduler.SpecctlScheduler"
 
 # Method -> parameter names (after self) this plugin relies on.
 _HOOKS: dict[str, tuple[str, ...]] = {
@@ -50,6 +57,7 @@ _HOOKS: dict[str, tuple[str, ...]] = {
         "log_stats",
     ),
     "add_request": ("request",),
+    "_update_request_as_session": ("session", "update"),
     "schedule": ("throttle_prefills",),
     "_update_after_schedule": ("scheduler_output",),
     "update_draft_token_ids": ("draft_token_ids",),
@@ -116,18 +124,22 @@ def _configure_logging() -> None:
 
 
 class _StepK:
-    """Stands in for vLLM's dynamic-SD lookup (batch size -> K): returns the step's K.
+    """Stands in for vLLM's dynamic-SD lookup (batch size -> K) while specctl sets K.
 
     Setting a lookup also stops vLLM from padding new decodes to a fixed K.
+    specctl overrides the K vLLM reads from it after scheduling; if that hook
+    fails, the step runs with this K: the user's table's, else the engine's.
     """
 
-    __slots__ = ("k",)
+    __slots__ = ("k", "table")
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, table: list[int] | None = None) -> None:
         self.k = k
+        self.table = table
 
     def __getitem__(self, batch_size: int) -> int:
-        return self.k
+        table = self.table
+        return self.k if table is None else table[batch_size]
 
 
 class _SpecctlMixin:
@@ -148,6 +160,30 @@ class _SpecctlMixin:
         if spec is None or max_k <= 0:
             log.warning("specctl_disabled", reason="the engine runs without speculative decoding")
             return
+        if max_k > MAX_K:
+            raise ValueError(
+                f"specctl's scheduler supports at most {MAX_K} speculative tokens per step, "
+                f"and this engine is configured with num_speculative_tokens={max_k}: lower it "
+                f"to {MAX_K} or run without --scheduler-cls {_QUALNAME}"
+            )
+        data_parallel = int(vllm_config.parallel_config.data_parallel_size) > 1
+        graphs = vllm_config.compilation_config.cudagraph_mode
+        # Without a Dynamic SD table vLLM captures FULL graphs for one K: the V1 model
+        # runner's target graphs replay one verification length, and the V2 runner's
+        # drafter replays its captured number of draft steps for any K.
+        if (
+            not data_parallel
+            and spec.num_speculative_tokens_per_batch_size is None
+            and graphs.has_full_cudagraphs()
+        ):
+            raise ValueError(
+                "specctl's scheduler changes the number of speculative tokens per step, which "
+                f"FULL CUDA graphs (cudagraph_mode={graphs.name}) captured without a Dynamic "
+                "SD table replay at one fixed K: let specctl's vLLM plugin declare it (if "
+                "VLLM_PLUGINS is set, it must include 'specctl'), give --speculative-config a "
+                "num_speculative_tokens_per_batch_size table, or set --compilation-config "
+                '\'{"cudagraph_mode": "PIECEWISE"}\''
+            )
         config = EngineConfig.load()
         method = str(spec.method)
         fallback = config.fallback(engine_default_arm(method, max_k))
@@ -169,8 +205,20 @@ class _SpecctlMixin:
         )
         client = SidecarClient(config, hello, {method: max_k}, fallback)
         self.specctl_client = client
-        self.specctl = StepRecorder(config, client, max_k)
-        self.dynamic_sd_lookup = _StepK(max_k)
+        # vLLM's dense lookup of the user's Dynamic SD table (None without one; vLLM drops
+        # the table under data parallelism): it caps the step's K, the policy picks below.
+        table: list[int] | None = self.dynamic_sd_lookup  # type: ignore[has-type]
+        self._specctl_table = table
+        # Under data parallelism every rank must propose the same number of drafts on
+        # every step, or the ranks' collectives diverge: the step's K stays vLLM's.
+        self._specctl_dp = data_parallel
+        self.specctl = StepRecorder(
+            config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp
+        )
+        self._specctl_engine_arm = engine_default_arm(method, max_k)
+        self._specctl_lookup = _StepK(max_k, table)
+        self._specctl_view = client.view
+        self._specctl_sets_k = False
         self._specctl_schedule_start = 0.0
         client.start()
         log.info(
@@ -182,18 +230,34 @@ class _SpecctlMixin:
         recorder = self.specctl
         if recorder is not None:
             try:
-                params = request.sampling_params
-                recorder.add(
-                    request.request_id,
-                    recorder.classify(
-                        params.extra_args if params is not None else None,
-                        request.num_prompt_tokens,
-                    ),
-                    request,
-                )
+                # A live id is a streaming-input session's next chunk: vLLM folds it into
+                # the session object, which keeps its place (see _update_request_as_session).
+                if request.request_id not in self.requests:  # type: ignore[attr-defined]
+                    self._specctl_classify(recorder, request)
             except Exception:  # a bookkeeping bug must never fail requests
                 log.exception("specctl_hook_failed", hook="add_request")
         super().add_request(request)  # type: ignore[misc]
+
+    def _update_request_as_session(self, session: Any, update: Any) -> None:
+        super()._update_request_as_session(session, update)  # type: ignore[misc]
+        recorder = self.specctl
+        if recorder is not None:
+            try:
+                # The chunk's sampling parameters are now the session's: so is its class.
+                self._specctl_classify(recorder, session)
+            except Exception:
+                log.exception("specctl_hook_failed", hook="_update_request_as_session")
+
+    @staticmethod
+    def _specctl_classify(recorder: StepRecorder, request: Any) -> None:
+        params = request.sampling_params
+        recorder.add(
+            request.request_id,
+            recorder.classify(
+                params.extra_args if params is not None else None, request.num_prompt_tokens
+            ),
+            request,
+        )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         recorder = self.specctl
@@ -205,7 +269,28 @@ class _SpecctlMixin:
                 except Exception:
                     log.exception("specctl_hook_failed", hook="schedule")
             self._specctl_schedule_start = recorder.clock()
+            try:
+                self._specctl_begin_step()
+            except Exception:
+                log.exception("specctl_hook_failed", hook="schedule")
         return super().schedule(*args, **kwargs)  # type: ignore[misc]
+
+    def _specctl_begin_step(self) -> None:
+        """Read the policy once for the step and decide who sets the step's K.
+
+        In fallback on the engine's own setting, and under data parallelism,
+        the step runs exactly as in vLLM's scheduler: vLLM's K and vLLM's
+        lookup (the user's table or none, so vLLM pads a request's first decode
+        step to 1+K as it does without specctl). Otherwise specctl's lookup
+        stands in, which also turns that padding off, as vLLM's Dynamic SD does.
+        """
+        view = self.specctl_client.view  # type: ignore[union-attr]
+        self._specctl_view = view
+        as_vllm = self._specctl_dp or (
+            view.version == 0 and view.fallback == self._specctl_engine_arm
+        )
+        self._specctl_sets_k = not as_vllm
+        self.dynamic_sd_lookup = self._specctl_table if as_vllm else self._specctl_lookup
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         recorder = self.specctl
@@ -213,9 +298,12 @@ class _SpecctlMixin:
             num_scheduled = scheduler_output.num_scheduled_tokens
             try:
                 k = recorder.on_schedule(
-                    id(scheduler_output), len(num_scheduled), self._specctl_schedule_start
+                    id(scheduler_output),
+                    len(num_scheduled),
+                    self._specctl_schedule_start,
+                    self._specctl_view,
                 )
-                if num_scheduled:
+                if num_scheduled and self._specctl_sets_k:
                     # Read by the drafter, and by AsyncScheduler for its placeholders.
                     scheduler_output.num_spec_tokens_to_schedule = k
             except Exception:  # vLLM's own K stands for this step
