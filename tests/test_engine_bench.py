@@ -127,7 +127,9 @@ def test_static_arms_are_measured_per_class_and_pinned(run: dict[str, Any]) -> N
         clients = {"low": 1, "high": 4}[phase]
         for arm in ("off", "ngram/k=2"):
             seg = _seg(out, f"static:{arm}", phase)
-            assert seg["window_s"] == pytest.approx(3.0, abs=1.5)  # a loaded machine
+            # the engine time the counters cover: the 3 s asked for, give or take the sidecar
+            # learning behind on a loaded machine (a report interval, a burst)
+            assert 2.0 <= seg["window_s"] <= 10.0
             assert seg["engine_cpu_s"] > 0
             for c in CLASSES:
                 v = seg["classes"][c]
@@ -176,7 +178,8 @@ def test_ratios_follow_from_the_measured_goodput(run: dict[str, Any]) -> None:
             best = "static:" + oracle["best_static_arm"]
             assert e["vs_best_static"]["median"] == pytest.approx(mine[p] / mine[best], rel=1e-3)
         # the oracle picks per class and phase, so no static arm beats it
-        assert oracle["goodput"]["median"] >= max(mine["static:off"], mine["static:ngram/k=2"])
+        best_static = max(mine["static:off"], mine["static:ngram/k=2"])
+        assert oracle["goodput"]["median"] >= best_static * (1.0 - 1e-6)  # JSON rounds
         assert max(mine["static:off"], mine["static:ngram/k=2"]) == pytest.approx(
             mine["static:" + oracle["best_static_arm"]]
         )

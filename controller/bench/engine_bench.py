@@ -32,6 +32,7 @@ timeline: arm probabilities and decision stability per context).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -143,6 +144,10 @@ class Reading:
     drafted: dict[str, float]
     # seconds the sidecar's scrape took (the uncertainty of ``t``)
     scrape_s: float = 0.0
+    # end (unix time) of the latest engine step the counters include
+    learned_until: float = 0.0
+    # seconds spent waiting for the sidecar to learn up to the reading's instant
+    caught_up_s: float = 0.0
 
 
 @dataclass
@@ -208,7 +213,10 @@ class EngineBench:
         rounds: dict[tuple[str, str], float] = {}
         accepted: dict[str, float] = {}
         drafted: dict[str, float] = {}
+        learned_until = 0.0
         for s in side:
+            if s.name == "specctl_learned_until_timestamp_seconds":
+                learned_until = s.value
             c = s.labels.get("workload_class", "")
             if s.name == "specctl_arm_rounds_total":
                 key = (c, s.labels.get("arm", ""))
@@ -225,6 +233,29 @@ class EngineBench:
             accepted=accepted,
             drafted=drafted,
             scrape_s=t1 - t0,
+            learned_until=learned_until,
+        )
+
+    def read_caught_up(self, target_unix_s: float, timeout_s: float = 15.0) -> Reading:
+        """:meth:`read` once the sidecar has learned every step up to ``target_unix_s``.
+
+        The sidecar's counters are what it has learned, and a sidecar that is busy
+        (a restart restoring its state, a burst of reports) learns behind the engine:
+        read at a clock instant, they would hold less than the engine did by then. The
+        engine's CPU clock is read at the target instant, the counters once caught up.
+        """
+        first = self.read()
+        reading = first
+        deadline = time.monotonic() + timeout_s
+        while reading.learned_until < target_unix_s and time.monotonic() < deadline:
+            time.sleep(0.05)
+            reading = self.read()
+        return dataclasses.replace(
+            reading,
+            t=first.t,
+            engine_cpu_s=first.engine_cpu_s,
+            worker_cpu_s=first.worker_cpu_s,
+            caught_up_s=reading.t - first.t,
         )
 
     def vllm_tokens(self) -> tuple[float, float]:
@@ -338,6 +369,9 @@ class EngineBench:
             self._drive(run, phase.seconds, lead, clients, rep, meta)
         )
         window = end.t - start.t
+        if start.learned_until > 0.0 and end.learned_until > start.learned_until:
+            # the engine time the counters cover
+            window = end.learned_until - start.learned_until
         per_class: dict[str, dict[str, Any]] = {}
         for c in self.workload.classes:
             arm_rounds = {
@@ -377,6 +411,8 @@ class EngineBench:
             "vllm_generation_tokens": round(vllm_tokens),
             "vllm_window_s": round(vllm_window, 4),
             "scrape_s": [round(start.scrape_s, 3), round(end.scrape_s, 3)],
+            # how long the readings waited for the sidecar to learn up to their instant
+            "caught_up_s": [round(start.caught_up_s, 3), round(end.caught_up_s, 3)],
             "classes": per_class,
         }
         self.segments.append(record)
@@ -423,13 +459,11 @@ class EngineBench:
             sampler = asyncio.create_task(self._sample(meta, stop))
         try:
             await self._sleep_watching(lead, load)
-            start = await asyncio.to_thread(self.read)
+            start = await asyncio.to_thread(self.read_caught_up, time.time())
             vllm_start = asyncio.create_task(asyncio.to_thread(self.vllm_tokens))
             meta["measured"] = True
-            # the end reading's instant is the middle of its scrape: start that early
-            lead_in = min(start.scrape_s / 2, 0.5)
-            await self._sleep_watching(start.t + seconds - lead_in - time.monotonic(), load)
-            end = await asyncio.to_thread(self.read)
+            await self._sleep_watching(start.t + seconds - time.monotonic(), load)
+            end = await asyncio.to_thread(self.read_caught_up, time.time())
             vllm_end = await asyncio.to_thread(self.vllm_tokens)
             vllm_begin = await vllm_start
             vllm = (vllm_end[0] - vllm_begin[0], vllm_end[1] - vllm_begin[1])

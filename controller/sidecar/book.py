@@ -83,6 +83,8 @@ class PolicyBook:
         self.fallback_arm = fallback_arm
         self.push_threshold = push_threshold
         self.metrics = metrics if metrics is not None else SidecarMetrics()
+        # end (unix time) of the latest step learned from, across engines
+        self._learned_until = 0.0
         self.clock = clock
         self.version = 0
         self._arms: list[Arm] = [OFF]
@@ -269,6 +271,9 @@ class PolicyBook:
 
         rows_bucket = batch.load_bucket[batch.request_step]
         self._count(batch, rows_bucket)
+        if batch.num_steps:
+            self._learned_until = max(self._learned_until, float(batch.step_end_unix_s.max()))
+            m.learned_until.set(self._learned_until)
         try:
             self.policy.update_params(batch)
         except Exception:

@@ -218,6 +218,12 @@ class SidecarMetrics:
             ["workload_class"],
             registry=r,
         )
+        self.learned_until = Gauge(
+            "specctl_learned_until_timestamp_seconds",
+            "End (unix time) of the latest engine step the policy has learned from: how far "
+            "behind the engines the sidecar is, and the instant its counters speak for.",
+            registry=r,
+        )
         self.engines_connected = Gauge(
             "specctl_engines_connected", "Engines with an open stream.", registry=r
         )
