@@ -29,6 +29,9 @@ class SyntheticEnv:
     base_s: float = 0.02
     token_s: float = 1e-4
     pass_s: float = 5e-4
+    # what a step whose deepest K is 2 or more costs beyond pass_s * K: a draft model's
+    # first token comes with a pass that runs anyway, its second does not
+    second_pass_s: float = 0.0
     noise_s: float = 0.0
     seed: int = 0
     rng: np.random.Generator = field(init=False)
@@ -100,7 +103,9 @@ class SyntheticEnv:
         draws = self.rng.random((k.shape[0], max(int(k.max()), 1))) < np.array(rates)[:, None]
         accepted = np.minimum(np.cumprod(draws, axis=1).sum(axis=1), k)
         tokens = int((1 + k).sum())
-        step_time = self.base_s + self.token_s * tokens + self.pass_s * int(k.max())
+        depth = int(k.max())
+        step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
+        step_time += self.second_pass_s * (depth >= 2)
         if self.noise_s > 0.0:
             step_time = max(step_time + self.noise_s * float(self.rng.standard_normal()), 1e-4)
         self.steps += 1

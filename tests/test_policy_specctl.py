@@ -470,3 +470,30 @@ def test_classes_sharing_a_batch_are_decided_for_the_batch() -> None:
     # the evidence speaks in the batch's goodput: copy's off beats its K=1
     evidence = {a.arm.name: a for a in policy.evidence("copy", 2).arms}
     assert evidence["off"].goodput > evidence["ngram/k=1"].goodput
+
+
+def test_a_free_first_draft_token_is_found_from_long_drafts() -> None:
+    # A draft model's first token rides on the pass that keeps its cache in step (it runs
+    # at off too), its second costs a pass of its own: K=1 is next to free, K=2 a jump.
+    # Starting at the engine's K=4, a line through K fitted on long steps says K=1 costs
+    # what the line says; the policy must try the short draft and keep it.
+    policy = make_policy("specctl", {"prior_arm": "draft_model/k=4"})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for({"draft_model": 4}.items()))
+    env = SyntheticEnv(
+        drafters={"draft_model": 4},
+        acceptance={},
+        base_s=0.055,
+        token_s=5e-4,
+        pass_s=0.008,
+        second_pass_s=0.017,
+        noise_s=0.006,
+        seed=0,
+    )
+    classes = {"greedy": (1, 0.72), "warm": (1, 0.45), "hot": (1, 0.0)}
+    depth = [max(a.k for a in env.run_mixed_step(policy, classes, 0).values()) for _ in range(600)]
+    # the batch's best: K=1 for the classes that accept, off (or the free K=1) for the other
+    late = depth[-200:]
+    assert sum(k <= 1 for k in late) >= 0.9 * len(late), late
+    for name in ("greedy", "warm"):
+        assert policy.select_action(name, 0).mode.k == 1

@@ -4,7 +4,8 @@ Per load bucket, a Bayesian linear model:
 
     step_time_s ~ base + per_token * tokens_verified
                 + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d
-                         + per_batch_draft_token[d] * batch_size * step_k_d)
+                         + per_batch_draft_token[d] * batch_size * step_k_d
+                         + second_pass[d] * batch_size * [step_k_d >= 2])
 
 ``tokens_verified`` is the step's ``num_scheduled_tokens`` (prefill, decode
 and drafts); for each drafter d, ``requests_d`` is how many requests drafted
@@ -16,7 +17,15 @@ ran with d: an engine's drafter proposes that many tokens for every request of
 the batch, and the scheduler only cuts what each class verifies, so a model
 drafter's passes cost ``batch_size * step_k_d`` whatever the other classes
 chose. The two draft terms are the same number when the whole batch runs one
-arm; steps whose classes run different K tell them apart. Running arm
+arm; steps whose classes run different K tell them apart. ``second_pass`` is
+what a second draft token costs beyond the line through K: a draft model's
+first token comes with the pass that keeps its KV cache in step, which runs
+at ``off`` too, so K=1 costs next to nothing and K=2 a whole pass more
+(measured on the testbed at concurrency 3: 57-64 ms a step at K=1, 85-89 ms at
+K=2, 58-66 ms without speculation). A line through K fitted where the steps
+ran K=3..4 then makes K=1 look as expensive as the line says; with the
+second pass a coefficient of its own, what steps at K=3..4 cannot tell stays
+uncertain, and Thompson sampling tries the short draft to find out. Running arm
 ``(d, K)`` for a batch of B decoding requests verifies ``B * (1 + K)`` tokens
 and drafts ``B * K``. Within a load
 bucket the batch size varies little, so a drafter's sequential passes (K of
@@ -83,13 +92,15 @@ _STEPS_AFTER_CHANGE = 100.0
 _MEASURED_SCALE_STEPS = 5.0
 
 
-# features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens
-FEATURES_PER_DRAFTER = 3
+# features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
+# batch-wide second pass
+FEATURES_PER_DRAFTER = 4
 
 
 def num_features(num_drafters: int) -> int:
-    """1, tokens verified, then per drafter: requests drafting, draft tokens asked, and
-    batch size times the step's K (what the drafter proposed for the whole batch)."""
+    """1, tokens verified, then per drafter: requests drafting, draft tokens asked, batch
+    size times the step's K (what the drafter proposed for the whole batch), and batch size
+    where the step's K is 2 or more (its second pass)."""
     return 2 + FEATURES_PER_DRAFTER * num_drafters
 
 
@@ -109,6 +120,7 @@ def arm_features(
     x[spec, base] = batch_size
     x[spec, base + 1] = batch_size * k[spec]
     x[spec, base + 2] = batch_size * k[spec]
+    x[spec, base + 3] = batch_size * (k[spec] >= 2)
     return x
 
 
@@ -156,15 +168,18 @@ class CostModel:
         tokens: np.ndarray,
         requests: np.ndarray,
         draft_tokens: np.ndarray,
-        batch_draft_tokens: np.ndarray,
+        step_k: np.ndarray,
+        batch_size: np.ndarray,
     ) -> np.ndarray:
-        """(S, F) from per-step tokens verified and per (step, drafter slot) columns."""
+        """(S, F) from per-step tokens verified and batch size, and per (step, drafter slot)
+        columns: requests drafting, draft tokens asked, the step's K."""
         x = np.empty((tokens.shape[0], self.num_features))
         x[:, 0] = 1.0
         x[:, 1] = tokens
         x[:, 2::FEATURES_PER_DRAFTER] = requests
         x[:, 3::FEATURES_PER_DRAFTER] = draft_tokens
-        x[:, 4::FEATURES_PER_DRAFTER] = batch_draft_tokens
+        x[:, 4::FEATURES_PER_DRAFTER] = step_k * batch_size[:, None]
+        x[:, 5::FEATURES_PER_DRAFTER] = (step_k >= 2) * batch_size[:, None]
         return x
 
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:
@@ -215,8 +230,24 @@ class CostModel:
         """Posterior mean and a factor ``C`` of its covariance: a draw is ``mean + C @ z``.
 
         ``typical_x`` is a typical step's features in this bucket; it sets each
-        coefficient's prior scale.
+        coefficient's prior scale. A read: nothing learned changes.
         """
+        mean, factor, _ = self._solve(bucket, typical_x)
+        return mean, factor
+
+    def refresh(self, bucket: int, typical_x: np.ndarray) -> None:
+        """After an update: the fit that residuals are weighed against, and the noise
+        variance from the residuals at it (with a weak prior), for the next posterior."""
+        mean, factor, rss = self._solve(bucket, typical_x)
+        sigma0 = 0.1 * self.mean_step_s(bucket)
+        self.noise_var[bucket] = (rss + _NOISE_PRIOR_STEPS * sigma0 * sigma0) / (
+            self.steps[bucket] + _NOISE_PRIOR_STEPS
+        )
+        self.fit[bucket] = mean
+        self.fit_factor[bucket] = factor
+        self.fitted[bucket] = True
+
+    def _solve(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         step_s = self.mean_step_s(bucket)
         scale = self.prior_spread * step_s / np.maximum(np.abs(typical_x), 1.0)
         prior_precision = 1.0 / (scale * scale)
@@ -227,16 +258,8 @@ class CostModel:
         # precision = L L^T: the covariance is L^-T L^-1, and a draw mean + L^-T z
         l_inv = np.linalg.inv(np.linalg.cholesky(precision))
         mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
-        # the noise variance for the next fit: residuals at this one, with a weak prior
         rss = max(float(self.yy[bucket] - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
-        sigma0 = 0.1 * step_s
-        self.noise_var[bucket] = (rss + _NOISE_PRIOR_STEPS * sigma0 * sigma0) / (
-            self.steps[bucket] + _NOISE_PRIOR_STEPS
-        )
-        self.fit[bucket] = mean
-        self.fit_factor[bucket] = l_inv.T
-        self.fitted[bucket] = True
-        return mean, l_inv.T
+        return mean, l_inv.T, rss
 
     def reset(self) -> None:
         self.xtx[:] = 0.0

@@ -113,7 +113,10 @@ _MIX_DISCOUNT = 0.99
 # classes with at least this share of a bucket's requests are decided together
 _MIN_MIX_SHARE = 0.02
 _MAX_JOINT_CLASSES = 16
-_JOINT_SWEEPS = 4
+_JOINT_SWEEPS = 3
+# a bucket's joint choice is worked out again after this many of its steps (or when its
+# classes change): it moves with the evidence, which a handful of steps barely moves
+_JOINT_REFRESH_STEPS = 16
 _MAX_SPEEDUP_OF_DRAW = 2.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7
@@ -264,7 +267,11 @@ class SpecctlPolicy(Policy):
         # per load bucket: discounted request-rounds per class slot, and steps
         self._mix = np.zeros((self.num_buckets, cfg.max_classes))
         self._mix_steps = np.zeros(self.num_buckets)
+        # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, _Samples]]] = {}
+        # learned: per bucket, (arms and classes, its steps then, best joint choice per draw)
+        self._profiles: dict[int, tuple[tuple[Any, ...], int, np.ndarray]] = {}
+        self._bucket_steps = np.zeros(self.num_buckets, dtype=np.int64)
         # posterior draws are computed in float32: twice as fast, and far more precise
         # than the Monte Carlo error of num_samples draws
         rng = np.random.default_rng(cfg.seed)
@@ -334,6 +341,10 @@ class SpecctlPolicy(Policy):
         self._feature_batch -= self._feature_one
         self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd)
         self._feature_extra -= self._feature_one
+        self._arm_names = tuple(a.name for a in offered)
+        self._arm_chain = np.full(len(offered), -1, dtype=np.int64)
+        for j, chain in enumerate(self._k_chains):
+            self._arm_chain[chain[1:]] = j
         self._prior_index = self._prior_arm_index()
         self._arms_version = self._next_tick()
 
@@ -451,10 +462,16 @@ class SpecctlPolicy(Policy):
             batch.num_scheduled_tokens,
             requests,
             draft_tokens,
-            step_k * batch.batch_size[:, None].astype(np.float64),
+            step_k,
+            batch.batch_size.astype(np.float64),
         )
         self.cost.update(bucket, features, batch.step_time_s)
+        touched = np.unique(bucket).tolist()
+        for b in touched:
+            self.cost.refresh(b, self._typical_features(b))
         self._bucket_version[bucket] = tick
+        for b in touched:
+            self._refresh_joint(b)
 
     def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
         """Learn each load bucket's class mix: mean request-rounds per step per class."""
@@ -466,6 +483,7 @@ class SpecctlPolicy(Policy):
         self._mix *= decay[:, None]
         self._mix += rows.reshape(nb, nc)
         self._mix_steps = self._mix_steps * decay + steps
+        self._bucket_steps += steps.astype(np.int64)
 
     def reset_class(self, workload_class: str) -> None:
         if workload_class in self._class_slot:
@@ -586,14 +604,7 @@ class SpecctlPolicy(Policy):
         # a step in which the whole batch ran each offered arm (see cost.arm_features)
         features = self._feature_one + batch_size * self._feature_batch
         features += extra * self._feature_extra
-        # prior scales from a step running K=2 for the whole batch
-        typical = np.empty(self.cost.num_features)
-        typical[0] = 1.0
-        typical[1] = extra + 3.0 * batch_size
-        typical[2::FEATURES_PER_DRAFTER] = batch_size
-        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        theta_mean, factor = self.cost.posterior(bucket, typical)
+        theta_mean, factor = self.cost.posterior(bucket, self._typical_features(bucket))
         theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
         step_time = theta @ features.T.astype(np.float32)
@@ -620,23 +631,24 @@ class SpecctlPolicy(Policy):
         # the drafter's passes for the whole batch: batch size x K x its batch-wide cost
         batch_wide = np.zeros_like(step_time)
         spec = self._arm_drafter_slot[1:]
-        coef = theta[:, 4 + FEATURES_PER_DRAFTER * spec]
-        batch_wide[:, 1:] = np.maximum(coef, 0.0) * (batch_size * self._arm_k[1:]).astype(
-            np.float32
-        )
+        slope = np.maximum(theta[:, 4 + FEATURES_PER_DRAFTER * spec], 0.0)
+        second = np.maximum(theta[:, 5 + FEATURES_PER_DRAFTER * spec], 0.0)
+        k = self._arm_k[1:]
+        batch_wide[:, 1:] = slope * (batch_size * k).astype(np.float32)
+        batch_wide[:, 1:] += second * (batch_size * (k >= 2)).astype(np.float32)
         np.minimum(batch_wide, step_time - step_time[:, :1], out=batch_wide)
         self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
         return batch_size, step_time, batch_wide
 
     def _mix_members(self, bucket: int) -> np.ndarray:
-        """Class slots that share the bucket's batches, largest share first."""
+        """Class slots that share the bucket's batches (the largest shares), by slot."""
         mix = self._mix[bucket]
         total = float(mix.sum())
         if total <= 0.0:
             return np.zeros(0, dtype=np.int64)
         members = np.flatnonzero(mix >= _MIN_MIX_SHARE * total)
         order = np.argsort(-mix[members], kind="stable")
-        return members[order][:_MAX_JOINT_CLASSES]
+        return np.sort(members[order][:_MAX_JOINT_CLASSES])
 
     def _joint_samples(self, bucket: int) -> dict[int, _Samples]:
         """Per class slot sharing the bucket's batches, the engine's goodput draws for each
@@ -648,50 +660,87 @@ class SpecctlPolicy(Policy):
         were the whole batch then lets one class buy a gain that the others pay for
         (a greedy class at K=4 next to two classes that accept little runs slower in
         total than no speculation). So, per posterior draw, the joint choice that
-        maximises the batch's committed tokens per second is found by coordinate
-        ascent (from each class's own best and from all ``off``, the better end kept),
-        and each class's distribution is its probability of being part of that
-        choice at each arm: Thompson sampling over joint choices, read per class.
+        maximises the batch's committed tokens per second (:meth:`_refresh_joint`) is
+        kept, and each class's goodput draws are those of its arms while the others run
+        their part of it: Thompson sampling over joint choices, read per class.
         """
         members = self._mix_members(bucket)
         if members.shape[0] < 2 or len(self._arms) < 2:
             return {}
-        key = (
+        profile = self._profiles.get(bucket)
+        key = (self._arm_names, tuple(int(m) for m in members))
+        versions = (
             int(self._bucket_version[bucket]),
             self._arms_version,
-            tuple(int(m) for m in members),
             tuple(int(v) for v in self._class_version[members]),
+            profile[1] if profile is not None else -1,
         )
         cached = self._joint.get(bucket)
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0] == versions:
             return cached[1]
+        game, tokens = self._joint_game(bucket, members)
+        if profile is not None and profile[0] == key:
+            best = profile[2]
+        else:  # classes the last update did not see together yet
+            best = game.best(tokens)
+        out: dict[int, _Samples] = {}
+        game.start(best)
+        for i, m in enumerate(members):
+            goodput, step = game.response(i)
+            out[int(m)] = _Samples(
+                goodput.astype(np.float32), tokens[i].astype(np.float32), step.astype(np.float32)
+            )
+        self._joint[bucket] = (versions, out)
+        return out
+
+    def _refresh_joint(self, bucket: int) -> None:
+        """Work out the bucket's best joint choice per draw again, after an update, when
+        its classes changed or ``_JOINT_REFRESH_STEPS`` of its steps have passed: the
+        choice moves with the evidence, which a handful of steps barely moves, and the
+        search costs a few milliseconds."""
+        members = self._mix_members(bucket)
+        if members.shape[0] < 2 or len(self._arms) < 2:
+            self._profiles.pop(bucket, None)
+            return
+        key = (self._arm_names, tuple(int(m) for m in members))
+        steps = int(self._bucket_steps[bucket])
+        profile = self._profiles.get(bucket)
+        if profile is not None and profile[0] == key and steps - profile[1] < _JOINT_REFRESH_STEPS:
+            return
+        game, tokens = self._joint_game(bucket, members)
+        self._profiles[bucket] = (key, steps, game.best(tokens))
+
+    def _joint_game(self, bucket: int, members: np.ndarray) -> tuple[_JointChoice, list]:
         batch_size, step_time, batch_wide = self._step_time_samples(bucket)
         off = step_time[:, 0].astype(np.float64)
         per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
         per_request /= batch_size
-        wide = batch_wide.astype(np.float64)
         share = self._mix[bucket, members]
         count = batch_size * share / share.sum()
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
-        chain = np.full(len(self._arms), -1, dtype=np.int64)
-        for j, c in enumerate(self._k_chains):
-            chain[c[1:]] = j
-        game = _JointChoice(off, per_request, wide, chain, len(self._k_chains), count, tokens)
-        alone = np.stack(
-            [np.argmax(t / step_time, axis=1) for t in tokens], axis=1
-        )  # each class's best if it were the whole batch
-        best = game.ascend(alone)
-        from_off = game.ascend(np.zeros_like(alone))
-        better = game.total(from_off) > game.total(best)
-        best[better] = from_off[better]
-        out: dict[int, _Samples] = {}
-        for i, m in enumerate(members):
-            goodput, step = game.response(best, i)
-            out[int(m)] = _Samples(
-                goodput.astype(np.float32), tokens[i].astype(np.float32), step.astype(np.float32)
-            )
-        self._joint[bucket] = (key, out)
-        return out
+        game = _JointChoice(
+            off,
+            per_request,
+            batch_wide.astype(np.float64),
+            self._arm_chain,
+            len(self._k_chains),
+            count,
+            tokens,
+            step_time,
+        )
+        return game, tokens
+
+    def _typical_features(self, bucket: int) -> np.ndarray:
+        """A step of the bucket running K=2 for the whole batch: the cost prior's scales."""
+        batch_size = self.load.batch_size(bucket)
+        typical = np.empty(self.cost.num_features)
+        typical[0] = 1.0
+        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
+        typical[2::FEATURES_PER_DRAFTER] = batch_size
+        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
+        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
+        typical[5::FEATURES_PER_DRAFTER] = batch_size
+        return typical
 
     def _token_samples(self, slot: int | None) -> np.ndarray:
         """Draws of committed tokens per round, (num_samples, arms); cached per class."""
@@ -825,6 +874,8 @@ class SpecctlPolicy(Policy):
             "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
             "class_mix": self._mix.copy(),
             "class_mix_steps": self._mix_steps.copy(),
+            "bucket_steps": self._bucket_steps.copy(),
+            **self._profiles_state(),
             "switched_off_classes": np.array(
                 [c for c, _ in sorted(self._switched_off)], dtype=np.str_
             ),
@@ -833,6 +884,54 @@ class SpecctlPolicy(Policy):
             ),
             "classes_evicted": float(self.classes_evicted),
         }
+
+    def _profiles_state(self) -> dict[str, np.ndarray]:
+        """The joint choices as arrays: per bucket that has one, its arms, classes (slots,
+        -1 padded), steps and choice per draw (draws x classes, -1 padded)."""
+        width, n = _MAX_JOINT_CLASSES, self.config.num_samples
+        buckets = sorted(self._profiles)
+        choice = np.full((len(buckets), n, width), -1, dtype=np.int16)
+        for i, b in enumerate(buckets):
+            chosen = self._profiles[b][2]
+            choice[i, :, : chosen.shape[1]] = chosen
+        return {
+            "joint_buckets": np.array(buckets, dtype=np.int64),
+            "joint_arms": np.array(
+                ["|".join(self._profiles[b][0][0]) for b in buckets], dtype=np.str_
+            ),
+            "joint_members": np.array(
+                [_pad(self._profiles[b][0][1], width) for b in buckets], dtype=np.int64
+            ).reshape(len(buckets), width),
+            "joint_steps": np.array([self._profiles[b][1] for b in buckets], dtype=np.int64),
+            "joint_choice": choice,
+        }
+
+    def _profiles_from_state(
+        self, state: Mapping[str, np.ndarray | str | float]
+    ) -> dict[int, tuple[tuple[Any, ...], int, np.ndarray]]:
+        """Joint choices from :meth:`_profiles_state`; none from a state without them or
+        saved with another number of draws (they are worked out again at the next update)."""
+        if "joint_choice" not in state:
+            return {}
+        choice = np.asarray(state["joint_choice"])
+        if choice.ndim != 3 or choice.shape[1:] != (self.config.num_samples, _MAX_JOINT_CLASSES):
+            return {}
+        out: dict[int, tuple[tuple[Any, ...], int, np.ndarray]] = {}
+        for i, (b, arms, members, steps) in enumerate(
+            zip(
+                np.asarray(state["joint_buckets"]).tolist(),
+                np.asarray(state["joint_arms"]).tolist(),
+                np.asarray(state["joint_members"]).tolist(),
+                np.asarray(state["joint_steps"]).tolist(),
+                strict=True,
+            )
+        ):
+            slots = tuple(int(m) for m in members if m >= 0)
+            if not 0 <= int(b) < self.num_buckets:
+                continue
+            key = (tuple(str(arms).split("|")), slots)
+            out[int(b)] = (key, int(steps), choice[i, :, : len(slots)].astype(np.int64))
+        return out
 
     def load_state_dict(self, state: Mapping[str, np.ndarray | str | float]) -> None:
         """Restore :meth:`state_dict` output saved under the same config."""
@@ -856,6 +955,7 @@ class SpecctlPolicy(Policy):
             "load_extra_tokens_sum": self.load.extra_tokens_sum,
             "class_mix": self._mix,
             "class_mix_steps": self._mix_steps,
+            "bucket_steps": self._bucket_steps,
         }
         classes = np.asarray(state["classes"])
         drafters = [str(d) for d in np.asarray(state["drafters"]).ravel()]
@@ -869,7 +969,13 @@ class SpecctlPolicy(Policy):
                 f"state has {len(drafters)} drafters; max_drafters={self.config.max_drafters}"
             )
         # keys a state saved before the recent window and per-arm statistics lacks
-        optional = ("acceptance_recent", "acceptance_arm_stats", "class_mix", "class_mix_steps")
+        optional = (
+            "acceptance_recent",
+            "acceptance_arm_stats",
+            "class_mix",
+            "class_mix_steps",
+            "bucket_steps",
+        )
         state = {**{k: np.zeros_like(arrays[k]) for k in optional}, **state}
         for name, target in arrays.items():
             value = np.asarray(state[name])
@@ -899,6 +1005,7 @@ class SpecctlPolicy(Policy):
         self._step_times.clear()
         self._tokens.clear()
         self._joint.clear()
+        self._profiles = self._profiles_from_state(state)
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
         # the offered arms' drafters keep their restored slots; new ones get free slots
@@ -920,6 +1027,10 @@ class _JointChoice:
     paid once, at the largest K any class runs with it. Goodput is
     ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
     one arm this is the step time of the whole batch running it.
+
+    A choice is kept with what each class's arm contributes, updated as one
+    class moves, so one class's best response is a handful of array operations
+    over (draws, arms), whatever the number of classes.
     """
 
     def __init__(
@@ -931,67 +1042,90 @@ class _JointChoice:
         num_chains: int,
         count: np.ndarray,
         tokens: list[np.ndarray],
+        step_time: np.ndarray,
     ) -> None:
-        self.off = off
-        self.per_request = per_request
-        self.wide = wide
-        self.chain = chain
-        self.num_chains = num_chains
-        self.count = count
-        self.tokens = tokens
-        self.rows = np.arange(off.shape[0])
+        n = off.shape[0]
+        self.step_time = step_time
+        self.off = off.astype(np.float32)
+        self.rows = np.arange(n)
+        # per class, (draws, arms): tokens and per-request time scaled by its requests
+        self.tokens = [(t * c).astype(np.float32) for t, c in zip(tokens, count, strict=True)]
+        self.per_request = [(per_request * c).astype(np.float32) for c in count]
+        # (chains, draws, arms): an arm's batch-wide time in its drafter's chain, else 0
+        chains = max(num_chains, 1)
+        self.wide = np.zeros((chains, n, chain.shape[0]), dtype=np.float32)
+        for j in range(chains):
+            own = chain == j
+            self.wide[j][:, own] = wide[:, own]
+        self.choice = np.zeros((n, len(tokens)), dtype=np.int64)
+        self.sel_tokens = np.zeros((len(tokens), n), dtype=np.float32)
+        self.sel_time = np.zeros((len(tokens), n), dtype=np.float32)
+        self.sel_wide = np.zeros((len(tokens), chains, n), dtype=np.float32)
 
-    def _others(self, choice: np.ndarray, skip: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tokens, per-request time and batch-wide time per chain of every class but one."""
-        n = self.off.shape[0]
-        tokens = np.zeros(n)
-        per_request = np.zeros(n)
-        wide = np.zeros((n, self.num_chains + 1))  # the last column collects off
-        for c in range(len(self.tokens)):
-            if c == skip:
-                continue
-            a = choice[:, c]
-            tokens += self.count[c] * self.tokens[c][self.rows, a]
-            per_request += self.count[c] * self.per_request[self.rows, a]
-            j = self.chain[a]
-            np.maximum.at(wide, (self.rows, j), self.wide[self.rows, a])
-        return tokens, per_request, wide[:, :-1]
+    def start(self, choice: np.ndarray) -> None:
+        """Make ``choice`` (draws x classes) the current one."""
+        self.choice = choice.copy()
+        for c in range(choice.shape[1]):
+            self._select(c)
 
-    def response(self, choice: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Goodput and step time for each arm of class c, the others as in ``choice``."""
-        tokens, per_request, wide = self._others(choice, c)
-        # the batch-wide passes the class's arm adds beyond those the others already run
-        added = np.zeros_like(self.wide)
-        spec = self.chain >= 0
-        added[:, spec] = np.maximum(self.wide[:, spec] - wide[:, self.chain[spec]], 0.0)
-        step = (self.off + per_request + wide.sum(axis=1))[:, None]
-        step = step + self.count[c] * self.per_request + added
-        goodput = (tokens[:, None] + self.count[c] * self.tokens[c]) / np.maximum(
-            step, _MIN_STEP_TIME_S
-        )
+    def _select(self, c: int) -> None:
+        arm = self.choice[:, c]
+        self.sel_tokens[c] = self.tokens[c][self.rows, arm]
+        self.sel_time[c] = self.per_request[c][self.rows, arm]
+        self.sel_wide[c] = self.wide[:, self.rows, arm]
+
+    def response(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Goodput and step time for each arm of class c, the others as chosen."""
+        others = np.ones(self.sel_tokens.shape[0], dtype=bool)
+        others[c] = False
+        rest_tokens = self.sel_tokens[others].sum(axis=0)
+        rest_wide = self.sel_wide[others].max(axis=0)  # (chains, draws)
+        step = self.off + self.sel_time[others].sum(axis=0) + rest_wide.sum(axis=0)
+        # each arm of c: its own per-request time, and the batch-wide passes it adds
+        # beyond those the others already run
+        step = step[:, None] + self.per_request[c]
+        step += np.maximum(self.wide - rest_wide[:, :, None], 0.0).sum(axis=0)
+        goodput = (rest_tokens[:, None] + self.tokens[c]) / np.maximum(step, _MIN_STEP_TIME_S)
         return goodput, step
 
     def ascend(self, choice: np.ndarray) -> np.ndarray:
         """Coordinate ascent from ``choice`` (draws x classes); returns the end point."""
-        choice = choice.copy()
+        self.start(choice)
         for _ in range(_JOINT_SWEEPS):
             moved = False
-            for c in range(len(self.tokens)):
-                goodput, _ = self.response(choice, c)
+            for c in range(self.choice.shape[1]):
+                goodput, _ = self.response(c)
                 best = np.argmax(goodput, axis=1)
                 # keep the current arm on ties, so the ascent ends
-                current = goodput[self.rows, choice[:, c]]
-                change = goodput[self.rows, best] > current * (1.0 + 1e-9)
+                current = goodput[self.rows, self.choice[:, c]]
+                change = goodput[self.rows, best] > current * (1.0 + 1e-6)
                 if change.any():
-                    choice[change, c] = best[change]
+                    self.choice[change, c] = best[change]
+                    self._select(c)
                     moved = True
             if not moved:
                 break
-        return choice
+        return self.choice.copy()
 
     def total(self, choice: np.ndarray) -> np.ndarray:
-        goodput, _ = self.response(choice, 0)
+        self.start(choice)
+        goodput, _ = self.response(0)
         return goodput[self.rows, choice[:, 0]]
+
+    def best(self, tokens: list[np.ndarray]) -> np.ndarray:
+        """The best joint choice per draw (draws x classes): coordinate ascent from each
+        class's best were it the whole batch, and from every class ``off`` (where no one
+        class gains by stopping alone while another still drafts long), the better kept."""
+        alone = np.stack([np.argmax(t / self.step_time, axis=1) for t in tokens], axis=1)
+        best = self.ascend(alone)
+        from_off = self.ascend(np.zeros_like(alone))
+        better = self.total(from_off) > self.total(best)
+        best[better] = from_off[better]
+        return best
+
+
+def _pad(values: Sequence[int], width: int) -> list[int]:
+    return [*values, *([-1] * (width - len(values)))]
 
 
 def _percent(p: float) -> str:
