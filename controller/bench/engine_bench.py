@@ -368,10 +368,13 @@ class EngineBench:
         start, end, (vllm_tokens, vllm_window), stats = asyncio.run(
             self._drive(run, phase.seconds, lead, clients, rep, meta)
         )
-        window = end.t - start.t
+        window = clock_window = max(end.t - start.t, 1e-9)
         if start.learned_until > 0.0 and end.learned_until > start.learned_until:
             # the engine time the counters cover
             window = end.learned_until - start.learned_until
+        # the CPU clocks are read at the instants, not at the engine time the counters
+        # cover: their rate over the instants, over the window
+        cpu_scale = window / clock_window
         per_class: dict[str, dict[str, Any]] = {}
         for c in self.workload.classes:
             arm_rounds = {
@@ -406,8 +409,8 @@ class EngineBench:
             "switch_s": round(switch_s, 2),
             "unmeasured_s": lead,
             "window_s": round(window, 4),
-            "engine_cpu_s": round(end.engine_cpu_s - start.engine_cpu_s, 4),
-            "worker_cpu_s": round(end.worker_cpu_s - start.worker_cpu_s, 4),
+            "engine_cpu_s": round((end.engine_cpu_s - start.engine_cpu_s) * cpu_scale, 4),
+            "worker_cpu_s": round((end.worker_cpu_s - start.worker_cpu_s) * cpu_scale, 4),
             "vllm_generation_tokens": round(vllm_tokens),
             "vllm_window_s": round(vllm_window, 4),
             "scrape_s": [round(start.scrape_s, 3), round(end.scrape_s, 3)],
@@ -462,8 +465,10 @@ class EngineBench:
             start = await asyncio.to_thread(self.read_caught_up, time.time())
             vllm_start = asyncio.create_task(asyncio.to_thread(self.vllm_tokens))
             meta["measured"] = True
-            await self._sleep_watching(start.t + seconds - time.monotonic(), load)
-            end = await asyncio.to_thread(self.read_caught_up, time.time())
+            # the window runs from the engine time the start reading covers
+            end_at = (start.learned_until or time.time()) + seconds
+            await self._sleep_watching(end_at - time.time(), load)
+            end = await asyncio.to_thread(self.read_caught_up, end_at)
             vllm_end = await asyncio.to_thread(self.vllm_tokens)
             vllm_begin = await vllm_start
             vllm = (vllm_end[0] - vllm_begin[0], vllm_end[1] - vllm_begin[1])
