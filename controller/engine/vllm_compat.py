@@ -72,7 +72,9 @@ class Field:
 
 @dataclass(frozen=True)
 class Read:
-    """An attribute access inside one of vLLM's methods that a specctl hook depends on.
+    """A use of an attribute inside one of vLLM's methods that specctl depends on.
+
+    A call of a hook (vLLM still runs it) or a read of a field specctl sets.
 
     ``expr`` is the dotted expression as written in vLLM's code (for example
     ``self.dynamic_sd_lookup``): the source check only confirms the method
@@ -143,6 +145,10 @@ INVENTORY: tuple[Item, ...] = (
           "requests that leave their classes at the next step"),
     Field(_SCHEDULER, "Scheduler", "dynamic_sd_lookup", "assigned",
           "the user's Dynamic SD table; specctl's per-step lookup replaces it"),
+    Read(_SCHEDULER, "Scheduler", "schedule", "self._update_after_schedule",
+         "vLLM still calls the hook that sets the step's K"),
+    Read(_SCHEDULER, "Scheduler", "add_request", "self._update_request_as_session",
+         "vLLM still folds a session's next chunk through the hook"),
     Read(_SCHEDULER, "Scheduler", "schedule", "self.dynamic_sd_lookup",
          "the step's K and the first-decode padding follow the lookup specctl sets"),
     Read(_ASYNC_SCHEDULER, "AsyncScheduler", "_update_after_schedule",
@@ -150,7 +156,13 @@ INVENTORY: tuple[Item, ...] = (
          "placeholders are sized from the K specctl sets before it runs"),
     Read(_SCHEDULER, "Scheduler", "update_draft_token_ids", "request.spec_token_ids",
          "the drafts specctl cuts afterwards are stored on the request"),
-    # -- the engine core's loop: where the drafts reach the scheduler -----------------------------
+    # -- the engine core's loop: it still calls the hooks -----------------------------
+    Read("vllm.v1.engine.core", "EngineCore", "add_request", "self.scheduler.add_request",
+         "each request reaches the hook"),
+    Read("vllm.v1.engine.core", "EngineCore", "step", "self.scheduler.schedule",
+         "each step starts with the hook"),
+    Read("vllm.v1.engine.core", "EngineCore", "step", "self.scheduler.update_from_output",
+         "each step's output reaches the hook"),
     Read("vllm.v1.engine.core", "EngineCore", "post_step",
          "self.scheduler.update_draft_token_ids",
          "synchronous scheduling hands the drafts to the hook after each step"),
@@ -221,7 +233,7 @@ def describe(item: Item) -> str:
     if isinstance(item, Field):
         return f"{item.cls}.{item.name}"
     if isinstance(item, Read):
-        return f"{item.cls}.{item.method} reads {item.expr}"
+        return f"{item.cls}.{item.method} uses {item.expr}"
     return f"{item.cls}({item.base})"
 
 
