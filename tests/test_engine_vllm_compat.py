@@ -60,6 +60,11 @@ def _edit(root: Path, relpath: str, old: str, new: str) -> None:
     file.write_text(text.replace(old, new))
 
 
+def test_supported_versions() -> None:
+    assert all(version_supported(v) for v in ("0.32.0", "0.32.4", "0.33.0", "0.33.2"))
+    assert not any(version_supported(v) for v in ("0.31.4", "0.34.0", "0.3", "0.330.0"))
+
+
 def test_installed_vllm_holds_every_item() -> None:
     source = VllmSource(INSTALLED)
     assert version_supported(source.version())

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 # vLLM minor versions whose scheduler code specctl's hooks have been checked against.
-SUPPORTED_VLLM_VERSIONS = ("0.32",)
+SUPPORTED_VLLM_VERSIONS = ("0.32", "0.33")
 
 _SCHEDULER = "vllm.v1.core.sched.scheduler"
 _ASYNC_SCHEDULER = "vllm.v1.core.sched.async_scheduler"
