@@ -130,9 +130,27 @@ def test_unsupported_vllm_version_fails_naming_supported(
 
     monkeypatch.setattr(vllm, "__version__", "0.31.4")
     with pytest.raises(
-        UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.31\.4"
+        UnsupportedVllmError, match=r"supports vLLM 0\.32\.x, 0\.33\.x; this is vLLM 0\.31\.4"
     ):
         SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=1)
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(UnsupportedVllmError, match=r"this is vLLM 0\.34\.0"):
+        SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=1)
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.33.0", "0.33.1"])
+def test_supported_vllm_versions_start(
+    tiny_model: str, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.33's scheduler hooks and fields match 0.32's (benchmarks/check_vllm_source.py)."""
+    import vllm
+
+    from controller.engine.scheduler import SpecctlScheduler
+
+    monkeypatch.setattr(vllm, "__version__", version)
+    driver = SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=1)
+    assert driver.scheduler.specctl is not None
+    driver.scheduler.shutdown()
 
 
 def test_missing_hook_fails_naming_it(tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:

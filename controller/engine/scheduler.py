@@ -7,7 +7,8 @@ instead, so the choice always matches the engine's configuration. Both classes
 are importable by qualified name, which vLLM's spawned engine-core process
 needs.
 
-The hooks, all in vLLM 0.32's ``Scheduler``:
+The hooks, all in vLLM's ``Scheduler`` (0.32 and 0.33; the full list of what
+the plugin relies on is ``controller.engine.vllm_compat.INVENTORY``):
 
 - ``add_request``: the request's workload class, once (a streaming-input
   session's next chunk is folded into the session by vLLM, and
@@ -26,7 +27,6 @@ The hooks, all in vLLM 0.32's ``Scheduler``:
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any
 
@@ -38,31 +38,15 @@ from controller.arms import MAX_K
 from controller.engine.client import SidecarClient
 from controller.engine.config import EngineConfig, engine_default_arm
 from controller.engine.recorder import StepRecorder
+from controller.engine.vllm_compat import (
+    SUPPORTED_VLLM_VERSIONS,
+    runtime_problems,
+    version_supported,
+)
 
 log = structlog.get_logger("controller.engine.scheduler")
 
-SUPPORTED_VLLM_VERSIONS = ("0.32",)
 _QUALNAME = "controller.engine.scheduler.SpecctlScheduler"
-
-# Method -> parameter names (after self) this plugin relies on.
-_HOOKS: dict[str, tuple[str, ...]] = {
-    "__init__": (
-        "vllm_config",
-        "kv_cache_config",
-        "structured_output_manager",
-        "block_size",
-        "hash_block_size",
-        "mm_registry",
-        "include_finished_set",
-        "log_stats",
-    ),
-    "add_request": ("request",),
-    "_update_request_as_session": ("session", "update"),
-    "schedule": ("throttle_prefills",),
-    "_update_after_schedule": ("scheduler_output",),
-    "update_draft_token_ids": ("draft_token_ids",),
-    "update_from_output": ("scheduler_output", "model_runner_output"),
-}
 
 
 class UnsupportedVllmError(RuntimeError):
@@ -70,33 +54,20 @@ class UnsupportedVllmError(RuntimeError):
 
 
 def check_vllm_supported() -> None:
-    """Fail at start-up, naming the supported versions, if the hooks are not as expected."""
+    """Fail at start-up, naming the supported versions, if the hooks are not as expected.
+
+    The hooks and fields checked are those of ``vllm_compat.INVENTORY``, the
+    same table the source check reads for a release not yet installed.
+    """
     import vllm
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.core.sched.scheduler import Scheduler
 
     version = str(getattr(vllm, "__version__", "unknown"))
     supported = ", ".join(f"{v}.x" for v in SUPPORTED_VLLM_VERSIONS)
-    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM_VERSIONS):
+    if not version_supported(version):
         raise UnsupportedVllmError(
             f"specctl's scheduler plugin supports vLLM {supported}; this is vLLM {version}"
         )
-    problems: list[str] = []
-    for name, params in _HOOKS.items():
-        method = getattr(Scheduler, name, None)
-        if method is None:
-            problems.append(f"Scheduler.{name} is missing")
-            continue
-        got = tuple(inspect.signature(method).parameters)[1:]
-        if got[: len(params)] != params:
-            problems.append(f"Scheduler.{name}{got} does not take {params}")
-    if not issubclass(AsyncScheduler, Scheduler):
-        problems.append("AsyncScheduler is not a subclass of Scheduler")
-    fields = getattr(SchedulerOutput, "__dataclass_fields__", {})
-    for name in ("num_spec_tokens_to_schedule", "scheduled_spec_decode_tokens"):
-        if name not in fields:
-            problems.append(f"SchedulerOutput has no field {name!r}")
+    problems = runtime_problems()
     if problems:
         raise UnsupportedVllmError(
             f"specctl's scheduler plugin supports vLLM {supported}, and vLLM {version} "

@@ -2,7 +2,7 @@
 # vLLM's ROCm image with the specctl engine plugin (the scheduler subclass and
 # its gRPC client) added. Build from the repository root:
 #   docker build -f deploy/docker/vllm-rocm.Dockerfile -t specctl-vllm-rocm:0.1.0 .
-# specctl supports vLLM 0.32: pick the ROCm image of that release.
+# specctl supports vLLM 0.32 and 0.33: pick the ROCm image of one of those releases.
 ARG VLLM_ROCM_IMAGE=vllm/vllm-openai-rocm:v0.32.0
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
