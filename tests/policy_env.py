@@ -48,37 +48,15 @@ class SyntheticEnv:
         arms = [decision.arms[i] for i in picks]
         ks = np.array([a.k for a in arms])
         rates = np.array([self.acceptance.get(a.drafter, 0.0) for a in arms])
-        # accepted = number of leading successes, at most K
-        draws = self.rng.random((batch_size, max(int(ks.max()), 1))) < rates[:, None]
-        leading = np.cumprod(draws, axis=1).sum(axis=1)
-        accepted = np.minimum(leading, ks)
-        tokens = int((1 + ks).sum())
-        depth = max((a.k for a in arms if not a.is_off), default=0)
-        step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
-        if self.noise_s > 0.0:
-            step_time = max(step_time + self.noise_s * float(self.rng.standard_normal()), 1e-4)
-        self.steps += 1
-        record = StepRecord(
-            step_index=self.steps,
-            step_time_s=step_time,
-            batch_size=batch_size,
-            num_scheduled_tokens=tokens,
-            policy_version=1,
-            load_bucket=bucket,
-            step_end_unix_s=1.7e9 + self.steps,
+        batch = self._learn(
+            policy,
+            bucket,
+            ks,
+            rates,
             classes=[workload_class] * batch_size,
             arms=[a.name for a in arms],
             propensity=[decision.probability_of(a) for a in arms],
-            drafted=[int(k) for k in ks],
-            accepted=[int(a) for a in accepted],
         )
-        batch = decode_step_report(
-            encode_step_report(self.steps, [record]),
-            engine_id="synthetic",
-            offered=self.drafters,
-            num_load_buckets=len(BOUNDS) + 1,
-        )
-        policy.update_params(batch)
         return batch, decision, arms
 
     def run_mixed_step(
@@ -99,11 +77,35 @@ class SyntheticEnv:
             ks += [arm.k] * count
             rates += [rate] * count
             propensities += [decision.probability_of(arm)] * count
-        k = np.array(ks)
-        draws = self.rng.random((k.shape[0], max(int(k.max()), 1))) < np.array(rates)[:, None]
-        accepted = np.minimum(np.cumprod(draws, axis=1).sum(axis=1), k)
-        tokens = int((1 + k).sum())
-        depth = int(k.max())
+        self._learn(
+            policy,
+            bucket,
+            np.array(ks),
+            np.array(rates),
+            classes=names,
+            arms=arms_of,
+            propensity=propensities,
+        )
+        return chosen
+
+    def _learn(
+        self,
+        policy: Policy,
+        bucket: int,
+        ks: np.ndarray,
+        rates: np.ndarray,
+        *,
+        classes: list[str],
+        arms: list[str],
+        propensity: list[float],
+    ) -> StepBatch:
+        """Run one step of these rows (K and per-position acceptance per row), encode it
+        through the real report path and hand it to the policy."""
+        # accepted = number of leading successes, at most K
+        draws = self.rng.random((ks.shape[0], max(int(ks.max()), 1))) < rates[:, None]
+        accepted = np.minimum(np.cumprod(draws, axis=1).sum(axis=1), ks)
+        tokens = int((1 + ks).sum())
+        depth = int(ks.max())
         step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
         step_time += self.second_pass_s * (depth >= 2)
         if self.noise_s > 0.0:
@@ -112,15 +114,15 @@ class SyntheticEnv:
         record = StepRecord(
             step_index=self.steps,
             step_time_s=step_time,
-            batch_size=int(k.shape[0]),
+            batch_size=int(ks.shape[0]),
             num_scheduled_tokens=tokens,
             policy_version=1,
             load_bucket=bucket,
             step_end_unix_s=1.7e9 + self.steps,
-            classes=names,
-            arms=arms_of,
-            propensity=propensities,
-            drafted=[int(v) for v in k],
+            classes=classes,
+            arms=arms,
+            propensity=propensity,
+            drafted=[int(v) for v in ks],
             accepted=[int(v) for v in accepted],
         )
         batch = decode_step_report(
@@ -130,4 +132,4 @@ class SyntheticEnv:
             num_load_buckets=len(BOUNDS) + 1,
         )
         policy.update_params(batch)
-        return chosen
+        return batch
