@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,24 @@ def free_port() -> int:
 def http_get(url: str, timeout_s: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return str(resp.read().decode())
+
+
+def scrape(url: str, check_alive: Callable[[], None], attempts: int = 3) -> str:
+    """GET ``url`` (a ``/metrics`` page) with a generous timeout and a few retries.
+
+    On a loaded two-core machine a process busy learning or restoring state can leave its
+    metrics thread without the GIL for seconds; a slow scrape is data, not a failure. A
+    process that died raises :class:`ProcessError` from ``check_alive`` instead.
+    """
+    for attempt in range(attempts):
+        try:
+            return http_get(url, timeout_s=20.0)
+        except OSError:
+            check_alive()
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float = 15.0) -> None:
@@ -306,7 +324,7 @@ class VllmServer:
             )
 
     def metrics(self) -> list[Sample]:
-        return parse_metrics(http_get(f"{self.base_url}/metrics"))
+        return parse_metrics(scrape(f"{self.base_url}/metrics", self.check_alive))
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds of the engine core and the model workers (see :class:`ProcessTree`;
@@ -441,7 +459,9 @@ class SidecarProcess:
             raise ProcessError(f"the sidecar exited; see {self.log_path}:\n{_tail(self.log_path)}")
 
     def metrics(self) -> list[Sample]:
-        return parse_metrics(http_get(f"http://127.0.0.1:{self.metrics_port}/metrics"))
+        return parse_metrics(
+            scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", self.check_alive)
+        )
 
     def wait_connected(self, timeout_s: float = 60.0) -> None:
         """Until an engine holds a stream (it reconnects by itself after a restart)."""
