@@ -28,14 +28,16 @@ pytestmark = pytest.mark.vllm
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=3", "ngram/k=4"]
 # A learned distribution must be worth this much of the best static arm's goodput (in the
 # sweep's terms) for each class; the greedy class must run off on few of its rounds.
-# The sweep's arms move by 10-15% from run to run on a shared machine: the value criterion
-# keeps that margin, and the off share is what tells a policy stuck on off.
+# The sweep's arms move by 10-15% from run to run on a shared machine, and a Thompson
+# sampler's distribution moves between K=1..4 that are that close: both criteria hold over
+# a window of rounds (their mean), not in every round, and the value criterion keeps the
+# sweep's margin. The off share is what tells a policy stuck on off.
 VALUE_TARGET = 0.8
 MAX_OFF_SHARE = 0.1
 # an arm that beats off by this much in the sweep pays: its class must not run off
 SPEC_PAYS = 1.1
-SETTLED_ROUNDS = 3
-MAX_LEARNING_ROUNDS = 20
+WINDOW_ROUNDS = 3
+MAX_LEARNING_ROUNDS = 24
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 
@@ -284,14 +286,15 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
     max_off_share = MAX_OFF_SHARE if spec_gain >= SPEC_PAYS else 1.0
     print(f"greedy: best arm {spec_gain:.2f}x off; off share allowed {max_off_share:.0%}")
 
-    # Learning: overrides cleared, a batch of each class per round, until both settle for a
-    # few rounds in a row. Each round's arm choices are read from the engine's own record
-    # (request-rounds per arm) as well as from the pushed distribution.
+    # Learning: overrides cleared, a batch of each class per round, until the last
+    # WINDOW_ROUNDS rounds meet both criteria on average. Each round's arm choices are read
+    # from the engine's own record (request-rounds per arm, every load bucket the batch
+    # passes through as it drains) as well as from the pushed distribution.
     _pin(sidecar, "")
     history: list[tuple[float, float, float]] = []
-    settled = 0
+    window: list[tuple[float, float, float, float]] = []  # greedy, hot value; off, all rounds
+    settled = False
     before = _arm_rounds(sidecar, "greedy")
-    greedy_off_share = 1.0
     for round_ in range(MAX_LEARNING_ROUNDS):
         # one batch of each class, as in the sweep: in a batch shared with temperature-1.0
         # requests, vLLM's CPU engine accepts far fewer of the greedy requests' drafts (at
@@ -305,14 +308,20 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
         after = _arm_rounds(sidecar, "greedy")
         ran = {a: after.get(a, 0.0) - before.get(a, 0.0) for a in after}
         before = after
-        greedy_off_share = ran.get("off", 0.0) / max(sum(ran.values()), 1.0)
         values = (static_value(greedy, goodput["greedy"]), static_value(hot, goodput["hot"]))
-        history.append((round(values[0], 3), round(values[1], 3), round(greedy_off_share, 3)))
-        print(f"round {round_}: greedy {greedy}, hot {hot}, greedy ran off {greedy_off_share:.2f}")
-        good = min(values) >= VALUE_TARGET and greedy_off_share <= max_off_share
-        settled = settled + 1 if good else 0
-        if settled >= SETTLED_ROUNDS:
-            break
+        off_rounds, all_rounds = ran.get("off", 0.0), max(sum(ran.values()), 1.0)
+        history.append(
+            (round(values[0], 3), round(values[1], 3), round(off_rounds / all_rounds, 3))
+        )
+        print(f"round {round_}: greedy {greedy}, hot {hot}, greedy ran off {history[-1][2]:.2f}")
+        window = [*window, (*values, off_rounds, all_rounds)][-WINDOW_ROUNDS:]
+        if len(window) == WINDOW_ROUNDS:
+            greedy_value = statistics.mean(w[0] for w in window)
+            hot_value = statistics.mean(w[1] for w in window)
+            off_share = sum(w[2] for w in window) / sum(w[3] for w in window)
+            if min(greedy_value, hot_value) >= VALUE_TARGET and off_share <= max_off_share:
+                settled = True
+                break
     for c in ("greedy", "hot"):
         for ce in sidecar.evidence().classes:
             if ce.workload_class == c and ce.rounds > 0:
@@ -323,11 +332,11 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
                         f"{1e3 * a.expected_step_time_s:.2f} ms goodput {a.goodput:.0f} "
                         f"p {a.probability:.2f}"
                     )
-    assert settled >= SETTLED_ROUNDS, (
-        f"specctl did not settle within {MAX_LEARNING_ROUNDS} rounds on distributions worth "
-        f">= {VALUE_TARGET} of the best static arm per class with greedy running off <= "
-        f"{max_off_share:.0%} of its rounds; per round (greedy value, hot value, greedy off "
-        f"share): {history}"
+    assert settled, (
+        f"specctl did not settle within {MAX_LEARNING_ROUNDS} rounds: over {WINDOW_ROUNDS} "
+        f"rounds in a row, distributions worth >= {VALUE_TARGET} of the best static arm per "
+        f"class on average, with greedy running off <= {max_off_share:.0%} of its rounds; per "
+        f"round (greedy value, hot value, greedy off share): {history}"
     )
 
 
