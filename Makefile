@@ -34,6 +34,8 @@ system-deps:
 lint: venv
 	$(PY) -m ruff check controller tests benchmarks deploy
 	$(PY) -m ruff format --check controller tests benchmarks deploy
+	@# mypy reads the package under its import name, which the folder does not have
+	mkdir -p build/typecheck && ln -sfn ../../controller build/typecheck/specctl
 	$(PY) -m mypy
 
 test: venv system-deps lint
@@ -43,7 +45,7 @@ demo: venv
 	$(VENV)/bin/specctl demo
 
 proto: venv
-	$(PY) -m controller.api.generate
+	$(PY) -m specctl.api.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

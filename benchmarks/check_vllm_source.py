@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from controller.engine.vllm_compat import (
+from specctl.engine.vllm_compat import (
     SUPPORTED_VLLM_VERSIONS,
     VllmSource,
     check_source,

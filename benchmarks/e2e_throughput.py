@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 CLASSES = ("greedy", "hot")
-SCHEDULER_CLS = "controller.engine.scheduler.SpecctlScheduler"
+SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
          "prompt_lookup_min": 1}  # fmt: skip
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
@@ -36,14 +36,14 @@ class Sidecar:
     def __init__(self, workdir: Path) -> None:
         import grpc
 
-        from controller.api import pb, pb_grpc
+        from specctl.api import pb, pb_grpc
 
         self.pb = pb
         self.address = f"unix://{workdir}/specctl.sock"
         (workdir / "token").write_text("bench-token")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "controller.cli", "serve", "--listen", self.address,
+                sys.executable, "-m", "specctl.cli", "serve", "--listen", self.address,
                 "--metrics-listen", "127.0.0.1:0", "--policy", "specctl", "--admin",
                 "--admin-token-file", str(workdir / "token"), "--log-format", "json",
             ],
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--learn-batches", type=int, default=10)
     args = parser.parse_args()
 
-    from controller.demo.tiny_model import build_tiny_model
+    from specctl.demo.tiny_model import build_tiny_model
 
     workdir = Path(tempfile.mkdtemp(prefix="specctl-b-"))
     model = str(build_tiny_model(workdir / "tiny"))

@@ -36,7 +36,7 @@ from fuzz_support import engine_messages, feed, fuzz_sidecar
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from controller.api import pb
+from specctl.api import pb
 
 U64 = 2**64 - 1
 U32 = 2**32 - 1
@@ -192,8 +192,8 @@ def run_structured(cases: int, seed: int) -> dict:
 def run_live(cases: int, seed: int) -> dict:
     import grpc
 
-    from controller.sidecar.config import load_config
-    from controller.sidecar.server import SidecarThread
+    from specctl.sidecar.config import load_config
+    from specctl.sidecar.server import SidecarThread
 
     rng = np.random.default_rng(seed)
     bases = base_messages(rng)
@@ -268,7 +268,7 @@ def main() -> int:
     parser.add_argument("--live", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    from controller.logs import configure_logging
+    from specctl.logs import configure_logging
 
     configure_logging("json", "error")  # rejections are counted, not printed
     crashes = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.sim.table import LOAD_SLOPE, REFERENCE_BATCH, build_target, read_rows, targets
+from specctl.sim.table import LOAD_SLOPE, REFERENCE_BATCH, build_target, read_rows, targets
 
 BATCHES = (1, 4, 8, 32, 64, 128, 256, 512)
 # DeepSeek-V3 MTP on 8x MI300X (SGLang): concurrency -> speedup

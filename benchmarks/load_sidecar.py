@@ -73,7 +73,7 @@ async def _engine(
 ) -> None:
     import grpc
 
-    from controller.api import pb
+    from specctl.api import pb
 
     hello = pb.EngineMessage(
         hello=pb.Hello(
@@ -227,7 +227,7 @@ class SidecarProcess:
             text += f'[state]\ndir = "{tmp}/state"\nsnapshot_interval_s = 10.0\n'
         config.write_text(text)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "serve", "--config", str(config),
+            [sys.executable, "-m", "specctl.cli", "serve", "--config", str(config),
              "--listen", self.address, "--metrics-listen", f"127.0.0.1:{port}",
              "--log-format", "json", "--log-level", "warning"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp / "sidecar.log").open("wb"),

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from results_table import merge, tables  # benchmarks/, the script's own directory
 
-from controller.cli import main as specctl
-from controller.sim.scenario import build_scenarios, short_name
+from specctl.cli import main as specctl
+from specctl.sim.scenario import build_scenarios, short_name
 
 RUNS: list[tuple[str, list[str]]] = [
     *[

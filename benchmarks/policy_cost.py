@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from controller.arms import arms_for
-from controller.policy.registry import make_policy
-from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.arms import arms_for
+from specctl.policy.registry import make_policy
+from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
 
 CLASSES = ("chat", "code", "rag", "summarize")
 DRAFTERS = {"ngram": 8, "eagle3": 5}

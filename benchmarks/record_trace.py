@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2, help="batches per class and size")
     args = parser.parse_args()
 
-    from controller.demo.tiny_model import build_tiny_model
+    from specctl.demo.tiny_model import build_tiny_model
 
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
@@ -60,7 +60,7 @@ def main() -> None:
         max_num_seqs=32,
         seed=0,
         speculative_config=NGRAM,
-        scheduler_cls="controller.engine.scheduler.SpecctlScheduler",
+        scheduler_cls="specctl.engine.scheduler.SpecctlScheduler",
     )
     offset = 0
     t0 = time.monotonic()

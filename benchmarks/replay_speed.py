@@ -29,13 +29,13 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from controller.arms import OFF, Arm  # noqa: E402
-from controller.decisionlog import SCHEMA, read_decision_log  # noqa: E402
-from controller.decisionlog.writer import file_name, write_atomically  # noqa: E402
-from controller.replay.candidates import parse_policy_spec  # noqa: E402
-from controller.replay.data import prepare  # noqa: E402
-from controller.replay.estimators import ESTIMATORS, Bootstrap  # noqa: E402
-from controller.replay.rejection import RejectionReplay, candidate_action_dist  # noqa: E402
+from specctl.arms import OFF, Arm  # noqa: E402
+from specctl.decisionlog import SCHEMA, read_decision_log  # noqa: E402
+from specctl.decisionlog.writer import file_name, write_atomically  # noqa: E402
+from specctl.replay.candidates import parse_policy_spec  # noqa: E402
+from specctl.replay.data import prepare  # noqa: E402
+from specctl.replay.estimators import ESTIMATORS, Bootstrap  # noqa: E402
+from specctl.replay.rejection import RejectionReplay, candidate_action_dist  # noqa: E402
 
 ROWS_PER_STEP = 32
 CLASSES = ("chat", "code", "math", "summarize")

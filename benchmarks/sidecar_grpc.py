@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.sidecar.config import load_config
-from controller.sidecar.server import SidecarThread
+from specctl.sidecar.config import load_config
+from specctl.sidecar.server import SidecarThread
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]

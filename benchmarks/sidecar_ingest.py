@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from controller.api import pb
-from controller.policy.registry import POLICIES, make_policy
-from controller.sidecar.book import PolicyBook
-from controller.steps import StepRecord, decode_step_report, encode_step_report
+from specctl.api import pb
+from specctl.policy.registry import POLICIES, make_policy
+from specctl.sidecar.book import PolicyBook
+from specctl.steps import StepRecord, decode_step_report, encode_step_report
 
 OFFERED = {"ngram": 4}
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

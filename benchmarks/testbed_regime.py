@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEDULER_CLS = "controller.engine.scheduler.SpecctlScheduler"
+SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 DRAFTER = "draft_model"
 # Fixes vLLM 0.32's CPU rejection sampler for sampled requests (see the module).
-CPU_FIX = "controller.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
+CPU_FIX = "specctl.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
 # class -> (temperature, top_p)
 CLASSES: dict[str, tuple[float, float]] = {
     "greedy": (0.0, 1.0),
@@ -62,14 +62,14 @@ class Sidecar:
     def __init__(self, workdir: Path) -> None:
         import grpc
 
-        from controller.api import pb, pb_grpc
+        from specctl.api import pb, pb_grpc
 
         self.pb = pb
         self.address = f"unix://{workdir}/specctl.sock"
         (workdir / "token").write_text(TOKEN)
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "controller.cli", "serve", "--listen", self.address,
+                sys.executable, "-m", "specctl.cli", "serve", "--listen", self.address,
                 "--metrics-listen", "127.0.0.1:0", "--policy", "specctl", "--admin",
                 "--admin-token-file", str(workdir / "token"), "--log-format", "json",
             ],
@@ -288,7 +288,7 @@ def main() -> None:
     if unknown or max(ks) < 1:
         parser.error(f"classes must be among {sorted(CLASSES)}; --ks needs a K >= 1")
 
-    from controller.demo.testbed_model import TestbedConfig, build_testbed_models
+    from specctl.demo.testbed_model import TestbedConfig, build_testbed_models
 
     defaults = TestbedConfig()
     config = TestbedConfig(

@@ -13,21 +13,21 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from controller import __version__
+from specctl import __version__
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("controller.demo.run", "run vLLM with specctl, the sidecar and a mixed workload"),
-    "serve": ("controller.sidecar.serve_cli", "run the sidecar (gRPC controller and /metrics)"),
-    "policy": ("controller.sidecar.policy_cli", "print the running sidecar's current policy"),
-    "evidence": ("controller.sidecar.evidence_cli", "print the evidence behind the policy"),
-    "override": ("controller.sidecar.override_cli", "pin a workload class to an arm (admin)"),
-    "replay": ("controller.replay.cli", "evaluate candidate policies offline on decision logs"),
+    "demo": ("specctl.demo.run", "run vLLM with specctl, the sidecar and a mixed workload"),
+    "serve": ("specctl.sidecar.serve_cli", "run the sidecar (gRPC controller and /metrics)"),
+    "policy": ("specctl.sidecar.policy_cli", "print the running sidecar's current policy"),
+    "evidence": ("specctl.sidecar.evidence_cli", "print the evidence behind the policy"),
+    "override": ("specctl.sidecar.override_cli", "pin a workload class to an arm (admin)"),
+    "replay": ("specctl.replay.cli", "evaluate candidate policies offline on decision logs"),
     "bench": (
-        "controller.bench.cli",
+        "specctl.bench.cli",
         "run every policy side by side: simulated, or on a real vLLM engine (--engine vllm)",
     ),
-    "simulate": ("controller.sim.simulate_cli", "drive a running sidecar with a simulated engine"),
+    "simulate": ("specctl.sim.simulate_cli", "drive a running sidecar with a simulated engine"),
 }
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.api import pb
-from controller.arms import Arm, ArmError, parse_arm
+from specctl.api import pb
+from specctl.arms import Arm, ArmError, parse_arm
 
 MAX_CLASS_NAME_LEN = 64
 MAX_STEP_TIME_S = 3600.0

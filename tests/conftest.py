@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controller.sidecar.config import load_config
-from controller.sidecar.server import SidecarThread
+from specctl.sidecar.config import load_config
+from specctl.sidecar.server import SidecarThread
 
 SidecarFactory = Callable[..., SidecarThread]
 
@@ -66,7 +66,7 @@ def sidecar(sidecar_factory: SidecarFactory) -> SidecarThread:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random Llama with its tokenizer, built once per session (no download)."""
-    from controller.demo.tiny_model import build_tiny_model
+    from specctl.demo.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 
@@ -74,7 +74,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def testbed_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """The testbed's target and its derived draft, built once per session: (target, draft)."""
-    from controller.demo.testbed_model import build_testbed_models
+    from specctl.demo.testbed_model import build_testbed_models
 
     target, draft = build_testbed_models(tmp_path_factory.mktemp("testbed-models"))
     return str(target), str(draft)

@@ -55,9 +55,9 @@ def specctl_metric_names() -> set[str]:
     """Every series name the sidecar's registry exports."""
     from prometheus_client import CollectorRegistry
 
-    import controller.decisionlog.writer as decision_log
-    from controller.sidecar.metrics import SidecarMetrics
-    from controller.sidecar.snapshot import SnapshotMetrics
+    import specctl.decisionlog.writer as decision_log
+    from specctl.sidecar.metrics import SidecarMetrics
+    from specctl.sidecar.snapshot import SnapshotMetrics
 
     registry = SidecarMetrics().registry
     SnapshotMetrics(registry)

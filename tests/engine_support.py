@@ -13,9 +13,9 @@ from pathlib import Path
 
 import grpc
 
-from controller.api import pb, pb_grpc
+from specctl.api import pb, pb_grpc
 
-SCHEDULER_CLS = "controller.engine.scheduler.SpecctlScheduler"
+SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
          "prompt_lookup_min": 1}  # fmt: skip
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -51,7 +51,7 @@ class SidecarProcess:
         self.starts += 1
         self.metrics_port = free_port()
         cmd = [
-            sys.executable, "-m", "controller.cli", "serve",
+            sys.executable, "-m", "specctl.cli", "serve",
             "--listen", self.address,
             "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
             "--policy", self.policy,

@@ -13,9 +13,9 @@ import time
 
 from hypothesis import strategies as st
 
-from controller.api import pb
-from controller.sidecar.config import load_config
-from controller.sidecar.server import HelloError, Session, Sidecar, validate_hello
+from specctl.api import pb
+from specctl.sidecar.config import load_config
+from specctl.sidecar.server import HelloError, Session, Sidecar, validate_hello
 
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.arms import Arm
-from controller.policy.base import Decision, Policy
-from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.arms import Arm
+from specctl.policy.base import Decision, Policy
+from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
 
 BOUNDS = (8, 32, 128)
 

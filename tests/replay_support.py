@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from controller.arms import OFF, Arm
-from controller.decisionlog import batch_to_table
-from controller.policy.base import Policy
-from controller.steps import StepBatch
+from specctl.arms import OFF, Arm
+from specctl.decisionlog import batch_to_table
+from specctl.policy.base import Policy
+from specctl.steps import StepBatch
 
 CLASSES = ("chat", "code")
 ARMS = (OFF, Arm("ngram", 1), Arm("ngram", 2), Arm("ngram", 3), Arm("ngram", 4))

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.api import pb, pb_grpc
-from controller.steps import StepRecord, encode_step_report
+from specctl.api import pb, pb_grpc
+from specctl.steps import StepRecord, encode_step_report
 
 
 def scrape(metrics_url: str) -> dict[str, float]:

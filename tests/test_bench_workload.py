@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from controller.bench.analysis import summarize
-from controller.bench.engine_bench import expand_policies, rotated, schedule
-from controller.bench.report import format_report
-from controller.bench.workload import (
+from specctl.bench.analysis import summarize
+from specctl.bench.engine_bench import expand_policies, rotated, schedule
+from specctl.bench.report import format_report
+from specctl.bench.workload import (
     WorkloadError,
     load_workload,
     packaged_workloads,

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from replay_support import Environment, logging_dist, run
 
-from controller.decisionlog import (
+from specctl.decisionlog import (
     SCHEMA,
     DecisionLogConfig,
     DecisionLogWriter,
@@ -24,8 +24,8 @@ from controller.decisionlog import (
     batch_to_table,
     read_decision_log,
 )
-from controller.decisionlog.reader import log_files
-from controller.decisionlog.writer import write_atomically
+from specctl.decisionlog.reader import log_files
+from specctl.decisionlog.writer import write_atomically
 
 ENV = Environment()
 
@@ -115,7 +115,7 @@ CHILD = textwrap.dedent(
     import numpy as np
     sys.path.insert(0, sys.argv[2])
     from replay_support import Environment, logging_dist, run
-    from controller.decisionlog import DecisionLogConfig, DecisionLogWriter
+    from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
 
     writer = DecisionLogWriter(
         DecisionLogConfig(sys.argv[1], flush_interval_s=3600.0, rotate_bytes=400_000)

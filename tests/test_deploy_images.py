@@ -64,15 +64,17 @@ def test_wheel_carries_what_the_sidecar_and_plugin_run(wheel: Path) -> None:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = z.read(entry_points).decode()
     for module in (
-        "controller/api/specctl/v1/controller_pb2.py",
-        "controller/api/specctl/v1/controller_pb2_grpc.py",
-        "controller/sidecar/serve_cli.py",
-        "controller/engine/scheduler.py",
-        "controller/py.typed",
+        "specctl/api/specctl/v1/controller_pb2.py",
+        "specctl/api/specctl/v1/controller_pb2_grpc.py",
+        "specctl/sidecar/serve_cli.py",
+        "specctl/engine/scheduler.py",
+        "specctl/py.typed",
+        "specctl/sim/data/vllm_amd_specdec_appendix.csv",
     ):
         assert module in names, module
+    assert not any(n.startswith("controller/") for n in names)  # one import name only
     # the sidecar image's ENTRYPOINT
-    assert "specctl = controller.cli:main" in scripts
+    assert "specctl = specctl.cli:main" in scripts
     assert 'ENTRYPOINT ["specctl"]' in (DOCKER / "specctl.Dockerfile").read_text()
 
 

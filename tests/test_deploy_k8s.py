@@ -23,10 +23,10 @@ import pytest
 import yaml
 from deploy_support import DEPLOY, ROOT, RULES_FILE
 
-from controller.api import SERVICE_NAME
-from controller.engine.config import EngineConfig
-from controller.sidecar import serve_cli
-from controller.sidecar.config import load_config
+from specctl.api import SERVICE_NAME
+from specctl.engine.config import EngineConfig
+from specctl.sidecar import serve_cli
+from specctl.sidecar.config import load_config
 
 K8S = DEPLOY / "k8s"
 LAYOUTS = ("sidecar", "standalone")
@@ -238,7 +238,9 @@ def test_vllm_runs_the_specctl_scheduler(layout: tuple[str, list[Resource]]) -> 
     vllm = containers(find(resources, "Deployment", "vllm"))["vllm"]
     args = dict(a.split("=", 1) for a in vllm["args"] if a.startswith("--") and "=" in a)
     module, _, cls = args["--scheduler-cls"].rpartition(".")
-    source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+    package, _, rest = module.partition(".")
+    assert package == "specctl", args["--scheduler-cls"]
+    source = (ROOT / "controller" / (rest.replace(".", "/") + ".py")).read_text()
     classes = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)}
     assert cls in classes, f"{args['--scheduler-cls']} does not exist"
     assert yaml.safe_load(args["--speculative-config"])["num_speculative_tokens"] >= 1

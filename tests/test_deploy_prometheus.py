@@ -40,7 +40,7 @@ ALERT = "SpecctlAcceptanceDrop"
 # `specctl serve` as the sidecar image runs it: no vLLM, no torch.
 SERVE = (
     "import sys; sys.modules['vllm'] = None; sys.modules['torch'] = None; "
-    "from controller.cli import main; sys.exit(main())"
+    "from specctl.cli import main; sys.exit(main())"
 )
 SIDECAR_CONFIG = """
 [policy]
@@ -220,7 +220,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             [
                 sys.executable,
                 "-m",
-                "controller.cli",
+                "specctl.cli",
                 "simulate",
                 f"--address={grpc_address}",
                 "--scenario=qwen3-8b",

@@ -62,7 +62,7 @@ PHASES = ["low", "high"]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from controller.cli import main
+    from specctl.cli import main
 
     tmp = tmp_path_factory.mktemp("engine-bench")
     (tmp / "w.toml").write_text(WORKLOAD)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from controller.api import pb
-from controller.arms import Arm
-from controller.engine.client import SidecarClient
-from controller.engine.config import ConfigError, EngineConfig
-from controller.sidecar.config import load_config
-from controller.sidecar.server import SidecarThread
-from controller.steps import StepRecord
+from specctl.api import pb
+from specctl.arms import Arm
+from specctl.engine.client import SidecarClient
+from specctl.engine.config import ConfigError, EngineConfig
+from specctl.sidecar.config import load_config
+from specctl.sidecar.server import SidecarThread
+from specctl.steps import StepRecord
 
 K4 = Arm("ngram", 4)
 
@@ -191,7 +191,7 @@ def test_process_tree_cpu_clock_counts_the_workers() -> None:
     import subprocess
     import sys
 
-    from controller.engine.step_clock import ProcessTreeCPUClock
+    from specctl.engine.step_clock import ProcessTreeCPUClock
 
     burn = (
         "import time\n"

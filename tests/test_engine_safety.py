@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from scheduler_support import build_scheduler, make_request, sync_step
 
-from controller.api import pb
-from controller.engine.policy_view import compile_policy
+from specctl.api import pb
+from specctl.engine.policy_view import compile_policy
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def _pin(scheduler: Any, arms: dict[str, str], max_k: int = 4, version: int = 5)
 
 
 def _specctl() -> type:
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     return SpecctlScheduler
 
@@ -80,7 +80,7 @@ def test_finished_requests_leave_their_class(tiny_model: str) -> None:
 
 
 def test_more_speculative_tokens_than_supported_is_one_clear_error(tiny_model: str) -> None:
-    from controller.arms import MAX_K, ArmError
+    from specctl.arms import MAX_K, ArmError
 
     with pytest.raises(ValueError, match=rf"at most {MAX_K} speculative tokens") as info:
         build_scheduler(_specctl(), tiny_model, num_speculative_tokens=MAX_K + 1)
@@ -228,7 +228,7 @@ TABLE = [(1, 2, 4), (3, 16, 1)]
 
 
 def test_user_table_caps_the_step_k_and_the_policy_chooses_below(tiny_model: str) -> None:
-    from controller.engine.recorder import RawStep
+    from specctl.engine.recorder import RawStep
 
     scheduler = build_scheduler(_specctl(), tiny_model, per_batch_size=TABLE)
     _pin(scheduler, {"default": "ngram/k=3"})
@@ -265,7 +265,7 @@ def test_user_table_in_fallback_runs_as_vllm(tiny_model: str) -> None:
 
 
 def test_capped_choice_carries_the_probability_of_every_arm_it_stands_for() -> None:
-    from controller.arms import parse_arm
+    from specctl.arms import parse_arm
 
     policy = pb.Policy(
         version=2,
@@ -354,11 +354,11 @@ def test_plugin_makes_vllm_apply_its_dynamic_sd_graph_safety(tiny_model: str) ->
     """The entry point gives vLLM a constant table, so vLLM's own override applies."""
     from vllm.config import CUDAGraphMode
 
-    from controller.engine.vllm_plugin import register
+    from specctl.engine.vllm_plugin import register
 
     register()
     register()  # once per process, however often vLLM loads it
-    config = _engine_config(tiny_model, "controller.engine.scheduler.SpecctlScheduler")
+    config = _engine_config(tiny_model, "specctl.engine.scheduler.SpecctlScheduler")
     assert config.speculative_config.num_speculative_tokens_per_batch_size == [(1, 1, 4)]
     # The CPU platform turns graphs off afterwards; vLLM's check itself is what matters.
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
@@ -368,7 +368,7 @@ def test_plugin_makes_vllm_apply_its_dynamic_sd_graph_safety(tiny_model: str) ->
     # a user's table is kept; other schedulers are left alone
     table = [[1, 8, 3], [9, 256, 1]]
     config = _engine_config(
-        tiny_model, "controller.engine.scheduler.SpecctlScheduler",
+        tiny_model, "specctl.engine.scheduler.SpecctlScheduler",
         speculative={"num_speculative_tokens_per_batch_size": table},
     )  # fmt: skip
     assert [list(r) for r in config.speculative_config.num_speculative_tokens_per_batch_size] == (
@@ -381,9 +381,9 @@ def test_plugin_makes_vllm_apply_its_dynamic_sd_graph_safety(tiny_model: str) ->
 def test_plugin_leaves_data_parallel_engines_to_vllms_static_k() -> None:
     from types import SimpleNamespace
 
-    from controller.engine.vllm_plugin import declares_varying_k
+    from specctl.engine.vllm_plugin import declares_varying_k
 
-    ours = "controller.engine.scheduler.SpecctlScheduler"
+    ours = "specctl.engine.scheduler.SpecctlScheduler"
     assert declares_varying_k(SimpleNamespace(scheduler_cls=ours, data_parallel_size=1))
     assert not declares_varying_k(SimpleNamespace(scheduler_cls=ours, data_parallel_size=2))
     assert not declares_varying_k(SimpleNamespace(scheduler_cls=None, data_parallel_size=1))
@@ -395,7 +395,7 @@ def test_plugin_is_a_vllm_general_plugin() -> None:
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     plugins = pyproject["project"]["entry-points"]["vllm.general_plugins"]
-    assert plugins == {"specctl": "controller.engine.vllm_plugin:register"}
+    assert plugins == {"specctl": "specctl.engine.vllm_plugin:register"}
 
 
 def test_full_cuda_graphs_without_the_plugin_are_refused_at_start_up(tiny_model: str) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from controller.api import pb
-from controller.engine.policy_view import compile_policy
-from controller.engine.scheduler_driver import SchedulerDriver
-from controller.steps import decode_step_report, encode_step_report
+from specctl.api import pb
+from specctl.engine.policy_view import compile_policy
+from specctl.engine.scheduler_driver import SchedulerDriver
+from specctl.steps import decode_step_report, encode_step_report
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def _drain(driver: SchedulerDriver) -> list[pb.StepReport]:
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_each_class_verifies_only_its_arms_k(tiny_model: str, async_scheduling: bool) -> None:
-    from controller.engine.scheduler import SpecctlAsyncScheduler, SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlAsyncScheduler, SpecctlScheduler
 
     driver = SchedulerDriver(
         SpecctlScheduler,
@@ -89,7 +89,7 @@ def test_each_class_verifies_only_its_arms_k(tiny_model: str, async_scheduling: 
 
 
 def test_all_off_sets_step_k_to_zero(tiny_model: str) -> None:
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     driver = SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=4)
     _pin(driver, {"default": "off"})
@@ -103,7 +103,7 @@ def test_all_off_sets_step_k_to_zero(tiny_model: str) -> None:
 def test_invalid_class_falls_back_to_default_with_one_warning(tiny_model: str) -> None:
     from structlog.testing import capture_logs
 
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     with capture_logs() as logs:
         driver = SchedulerDriver(
@@ -126,7 +126,7 @@ def test_unsupported_vllm_version_fails_naming_supported(
 ) -> None:
     import vllm
 
-    from controller.engine.scheduler import SpecctlScheduler, UnsupportedVllmError
+    from specctl.engine.scheduler import SpecctlScheduler, UnsupportedVllmError
 
     monkeypatch.setattr(vllm, "__version__", "0.31.4")
     with pytest.raises(
@@ -145,7 +145,7 @@ def test_supported_vllm_versions_start(
     """0.33's scheduler hooks and fields match 0.32's (benchmarks/check_vllm_source.py)."""
     import vllm
 
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     monkeypatch.setattr(vllm, "__version__", version)
     driver = SchedulerDriver(SpecctlScheduler, tiny_model, num_requests=1)
@@ -156,7 +156,7 @@ def test_supported_vllm_versions_start(
 def test_missing_hook_fails_naming_it(tiny_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from controller.engine.scheduler import UnsupportedVllmError, check_vllm_supported
+    from specctl.engine.scheduler import UnsupportedVllmError, check_vllm_supported
 
     def update_draft_token_ids(self: Any, drafts: Any, extra: Any) -> None: ...
 
@@ -170,7 +170,7 @@ def test_step_time_is_measured_on_the_configured_clock(
     tiny_model: str, clock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On the CPU clock, time the engine process spends waiting is not step cost."""
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     monkeypatch.setenv("SPECCTL_STEP_CLOCK", clock)
     delay = 0.05

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.engine.scheduler_driver import SchedulerDriver
-from controller.trace.format import read_trace
+from specctl.engine.scheduler_driver import SchedulerDriver
+from specctl.trace.format import read_trace
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ def test_scheduler_writes_a_trace_without_a_sidecar(
     async_scheduling: bool,
     clock: str,
 ) -> None:
-    from controller.engine.scheduler import SpecctlScheduler
+    from specctl.engine.scheduler import SpecctlScheduler
 
     monkeypatch.setenv("SPECCTL_ADDRESS", f"unix://{tmp_path}/nobody.sock")
     monkeypatch.setenv("SPECCTL_SEED", "0")

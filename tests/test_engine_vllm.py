@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from engine_support import NGRAM, SCHEDULER_CLS, VLLM_ENV, SidecarProcess
 
-from controller.steps import load_bucket_of
+from specctl.steps import load_bucket_of
 
 pytestmark = pytest.mark.vllm
 

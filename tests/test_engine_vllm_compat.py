@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.engine.vllm_compat import (
+from specctl.engine.vllm_compat import (
     INVENTORY,
     Field,
     Method,
@@ -193,8 +193,8 @@ def test_the_script_exits_non_zero_on_a_break(
 
 def test_the_start_up_check_reads_the_same_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """A hook added to the inventory is checked at start-up too: the two cannot drift."""
-    from controller.engine import vllm_compat
-    from controller.engine.scheduler import UnsupportedVllmError, check_vllm_supported
+    from specctl.engine import vllm_compat
+    from specctl.engine.scheduler import UnsupportedVllmError, check_vllm_supported
 
     check_vllm_supported()  # the installed vLLM holds
     hook = Method(

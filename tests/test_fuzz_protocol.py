@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
-from controller.api import pb, pb_grpc
-from controller.sidecar.server import HelloError, validate_hello
-from controller.steps import ReportError, decode_step_report
+from specctl.api import pb, pb_grpc
+from specctl.sidecar.server import HelloError, validate_hello
+from specctl.steps import ReportError, decode_step_report
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 LIVE = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
@@ -79,8 +79,8 @@ def live():
     import tempfile
     from pathlib import Path
 
-    from controller.sidecar.config import load_config
-    from controller.sidecar.server import SidecarThread
+    from specctl.sidecar.config import load_config
+    from specctl.sidecar.server import SidecarThread
 
     tmp = Path(tempfile.mkdtemp(prefix="specctl-"))
     overrides = {
@@ -163,7 +163,7 @@ def test_after_fuzzing_the_server_serves_and_holds_no_sessions(live) -> None:
 
 def test_an_engine_that_never_reads_holds_a_bounded_outbox(live) -> None:
     """4000 rejected reports to an engine that reads nothing: at most 64 wait for it."""
-    from controller.sidecar.server import MAX_PENDING_REJECTIONS
+    from specctl.sidecar.server import MAX_PENDING_REJECTIONS
 
     sc, good = live
     bad = report(1, drafted=(4, 0), accepted=(5, 0))  # accepted above drafted: rejected

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_env import SyntheticEnv
 
-from controller.arms import OFF, arms_for, parse_arm
-from controller.policy.base import Policy
-from controller.policy.registry import DEFAULT_POLICY, POLICIES, make_policy
-from controller.policy.vllm_table import parse_table, table_k
+from specctl.arms import OFF, arms_for, parse_arm
+from specctl.policy.base import Policy
+from specctl.policy.registry import DEFAULT_POLICY, POLICIES, make_policy
+from specctl.policy.vllm_table import parse_table, table_k
 
 NGRAM = {"ngram": 8}
 

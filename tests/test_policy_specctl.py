@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_env import SyntheticEnv
 
-from controller.api import pb
-from controller.arms import OFF, Arm, arms_for, parse_arm
-from controller.engine.policy_view import compile_policy
-from controller.policy.acceptance import AcceptanceModel, expected_tokens
-from controller.policy.registry import make_policy
-from controller.policy.thompson import SpecctlConfig, SpecctlPolicy, tracking_bound_steps
-from controller.policy.truncated import nonnegative_draws
+from specctl.api import pb
+from specctl.arms import OFF, Arm, arms_for, parse_arm
+from specctl.engine.policy_view import compile_policy
+from specctl.policy.acceptance import AcceptanceModel, expected_tokens
+from specctl.policy.registry import make_policy
+from specctl.policy.thompson import SpecctlConfig, SpecctlPolicy, tracking_bound_steps
+from specctl.policy.truncated import nonnegative_draws
 
 NGRAM = {"ngram": 6}
 

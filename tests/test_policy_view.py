@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controller.api import pb
-from controller.arms import OFF, parse_arm
-from controller.engine.policy_view import PolicyError, compile_policy, fallback_view
+from specctl.api import pb
+from specctl.arms import OFF, parse_arm
+from specctl.engine.policy_view import PolicyError, compile_policy, fallback_view
 
 OFFERED = {"ngram": 4}
 

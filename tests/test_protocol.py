@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.api import generate, pb
-from controller.arms import OFF, Arm, ArmError, arms_for, parse_arm
-from controller.steps import (
+from specctl.api import generate, pb
+from specctl.arms import OFF, Arm, ArmError, arms_for, parse_arm
+from specctl.steps import (
     ReportError,
     StepRecord,
     decode_step_report,

@@ -25,20 +25,20 @@ from replay_support import (
     true_value_online,
 )
 
-from controller.arms import Arm, parse_arm
-from controller.policy.base import Decision, Policy
-from controller.replay.candidates import Candidate, parse_policy_spec
-from controller.replay.data import LoggedRounds, prepare
-from controller.replay.estimators import (
+from specctl.arms import Arm, parse_arm
+from specctl.policy.base import Decision, Policy
+from specctl.replay.candidates import Candidate, parse_policy_spec
+from specctl.replay.data import LoggedRounds, prepare
+from specctl.replay.estimators import (
     Bootstrap,
     DoublyRobust,
     InverseProbabilityWeighting,
     SelfNormalizedInverseProbabilityWeighting,
     TruncationModel,
 )
-from controller.replay.evaluate import Evaluation, evaluate
-from controller.replay.rejection import RejectionReplay, candidate_action_dist
-from controller.steps import StepBatch
+from specctl.replay.evaluate import Evaluation, evaluate
+from specctl.replay.rejection import RejectionReplay, candidate_action_dist
+from specctl.steps import StepBatch
 
 ENV = Environment()
 SEEDS = range(20)

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from replay_support import Environment, logging_dist, run
 
-from controller.decisionlog import DecisionLogConfig, DecisionLogWriter
+from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def specctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", "replay", *args],
+        [sys.executable, "-m", "specctl.cli", "replay", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -15,9 +15,9 @@ import pytest
 from engine_support import SidecarProcess
 from sidecar_support import ScriptedEngine, hello
 
-from controller.api import pb
-from controller.decisionlog import read_decision_log
-from controller.steps import StepRecord, encode_step_report
+from specctl.api import pb
+from specctl.decisionlog import read_decision_log
+from specctl.steps import StepRecord, encode_step_report
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]
@@ -103,7 +103,7 @@ def test_sigkilled_sidecar_leaves_a_decision_log_that_replays(workdir: Path) -> 
     assert 100 <= received.size <= sent
 
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "replay", str(decisions), "--policy", "off",
+        [sys.executable, "-m", "specctl.cli", "replay", str(decisions), "--policy", "off",
          "--policy", "ngram/k=2", "--bootstrap", "50"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

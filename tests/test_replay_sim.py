@@ -19,18 +19,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.arms import Arm, parse_arm
-from controller.decisionlog import DecisionLogConfig, DecisionLogWriter, read_decision_log
-from controller.policy.base import Decision, Policy
-from controller.policy.static import StaticPolicy
-from controller.replay.candidates import parse_policy_spec
-from controller.replay.data import prepare
-from controller.replay.evaluate import Evaluation, evaluate
-from controller.sidecar.book import PolicyBook
-from controller.sim.engine import InProcessLink, RunRecord, SimulatedEngine, World
-from controller.sim.scenario import Scenario, qwen3_8b
-from controller.sim.table import read_rows
-from controller.steps import StepBatch
+from specctl.arms import Arm, parse_arm
+from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter, read_decision_log
+from specctl.policy.base import Decision, Policy
+from specctl.policy.static import StaticPolicy
+from specctl.replay.candidates import parse_policy_spec
+from specctl.replay.data import prepare
+from specctl.replay.evaluate import Evaluation, evaluate
+from specctl.sidecar.book import PolicyBook
+from specctl.sim.engine import InProcessLink, RunRecord, SimulatedEngine, World
+from specctl.sim.scenario import Scenario, qwen3_8b
+from specctl.sim.table import read_rows
+from specctl.steps import StepBatch
 
 STEPS = 4000
 SPECS = ("off", "eagle3/k=3", "dflash/k=3", "dspark/k=1", "dflash/k=8")

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from sidecar_support import ScriptedEngine, hello, scrape
 
-from controller.api import pb, pb_grpc
-from controller.cli import main
+from specctl.api import pb, pb_grpc
+from specctl.cli import main
 
 
 def _admin(address: str) -> tuple[grpc.Channel, pb_grpc.SpecControllerAdminStub]:

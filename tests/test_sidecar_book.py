@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from controller.arms import OFF, Arm, parse_arm
-from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
-from controller.policy.registry import make_policy
-from controller.sidecar.book import PolicyBook
-from controller.sidecar.metrics import SidecarMetrics
-from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.arms import OFF, Arm, parse_arm
+from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.metrics import SidecarMetrics
+from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
 
 OFFERED = {"ngram": 4}
 

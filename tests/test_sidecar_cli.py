@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from sidecar_support import ScriptedEngine, hello, report
 
-from controller.cli import main
+from specctl.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _specctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "specctl.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -63,7 +63,7 @@ def test_serve_exits_zero_on_sigterm_with_an_open_stream() -> None:
             [
                 sys.executable,
                 "-m",
-                "controller.cli",
+                "specctl.cli",
                 "serve",
                 "--listen",
                 address,

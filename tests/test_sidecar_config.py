@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.sidecar.config import ConfigError, load_config
+from specctl.sidecar.config import ConfigError, load_config
 
 
 def _file(tmp_path: Path, text: str) -> Path:

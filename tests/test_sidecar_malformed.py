@@ -8,7 +8,7 @@ import grpc
 import pytest
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
-from controller.api import pb
+from specctl.api import pb
 
 _classes = itertools.count()
 

@@ -25,8 +25,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from sidecar_support import ScriptedEngine, hello, scrape, wait_for
 
-from controller.api import pb, pb_grpc
-from controller.steps import StepRecord, encode_step_report
+from specctl.api import pb, pb_grpc
+from specctl.steps import StepRecord, encode_step_report
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]
@@ -49,7 +49,7 @@ class ServeProcess:
             [
                 sys.executable,
                 "-m",
-                "controller.cli",
+                "specctl.cli",
                 "serve",
                 "--config",
                 str(config),

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from sidecar_support import hello, report, scrape, wait_for
 
-from controller.api import pb, pb_grpc
-from controller.sidecar.config import ConfigError, ServerConfig, load_config
+from specctl.api import pb, pb_grpc
+from specctl.sidecar.config import ConfigError, ServerConfig, load_config
 
 NOW = datetime.datetime.now(datetime.UTC)
 
@@ -302,10 +302,10 @@ def test_report_flood_from_one_engine_is_rate_limited(sidecar_factory) -> None:
 
 
 def test_the_engine_client_connects_over_mutual_tls(sidecar_factory, pki: Pki) -> None:
-    from controller.arms import parse_arm
-    from controller.engine.client import SidecarClient
-    from controller.engine.config import ConfigError as EngineConfigError
-    from controller.engine.config import EngineConfig
+    from specctl.arms import parse_arm
+    from specctl.engine.client import SidecarClient
+    from specctl.engine.config import ConfigError as EngineConfigError
+    from specctl.engine.config import EngineConfig
 
     sc = sidecar_factory(
         "tcp",

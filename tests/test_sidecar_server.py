@@ -14,9 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
-from controller.api import SERVICE_NAME, pb, pb_grpc
-from controller.sidecar.config import unix_socket_path
-from controller.sidecar.server import Outbox
+from specctl.api import SERVICE_NAME, pb, pb_grpc
+from specctl.sidecar.config import unix_socket_path
+from specctl.sidecar.server import Outbox
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
@@ -251,7 +251,7 @@ def test_dropped_reports_are_not_counted_twice_across_reconnects(sidecar) -> Non
 
 
 def test_metrics_include_the_process_wide_registry(sidecar) -> None:
-    from controller.decisionlog import writer  # registers its counters process-wide
+    from specctl.decisionlog import writer  # registers its counters process-wide
 
     names = {key.split("{")[0] for key in scrape(sidecar.metrics_url)}
     assert "specctl_policy_version" in names

@@ -13,22 +13,22 @@ import numpy as np
 import pytest
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
-from controller.api import pb, pb_grpc
-from controller.arms import OFF, Arm, parse_arm
-from controller.cli import main
-from controller.policy.base import Decision, Policy
-from controller.policy.registry import make_policy
-from controller.sidecar.book import PolicyBook, UnknownClassError
-from controller.sidecar.config import load_config
-from controller.sidecar.metrics import SidecarMetrics
-from controller.sidecar.server import SidecarThread
-from controller.sidecar.stability import (
+from specctl.api import pb, pb_grpc
+from specctl.arms import OFF, Arm, parse_arm
+from specctl.cli import main
+from specctl.policy.base import Decision, Policy
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook, UnknownClassError
+from specctl.sidecar.config import load_config
+from specctl.sidecar.metrics import SidecarMetrics
+from specctl.sidecar.server import SidecarThread
+from specctl.sidecar.stability import (
     DecisionStability,
     StabilityStats,
     stability_by_context,
     total_variation,
 )
-from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
 
 OFFERED = {"ngram": 4}
 NGRAM = parse_arm("ngram/k=4")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
-from controller.policy.registry import POLICIES
-from controller.policy.sglang_ema import SglangEmaConfig
-from controller.policy.vllm_table import BatchTableConfig, parse_table
-from controller.sim.bench import (
+from specctl.cli import main
+from specctl.policy.registry import POLICIES
+from specctl.policy.sglang_ema import SglangEmaConfig
+from specctl.policy.vllm_table import BatchTableConfig, parse_table
+from specctl.sim.bench import (
     SGLANG_CANDIDATE_STEPS,
     SGLANG_EMA_DEFAULTS,
     TUNABLE,
@@ -24,7 +24,7 @@ from controller.sim.bench import (
     policy_variant,
     shipped_params,
 )
-from controller.sim.scenario import build_scenarios
+from specctl.sim.scenario import build_scenarios
 
 STEPS = 400
 REFERENCES = {"oracle", "static-off", "best-static"}

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from sidecar_support import wait_for
 
-from controller.api import pb, pb_grpc
-from controller.cli import main
-from controller.sim.grpc_link import simulate_against
-from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, build_scenarios
-from controller.sim.simulate_cli import parse_event
+from specctl.api import pb, pb_grpc
+from specctl.cli import main
+from specctl.sim.grpc_link import simulate_against
+from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, build_scenarios
+from specctl.sim.simulate_cli import parse_event
 
 
 def test_simulated_engine_runs_the_arm_the_sidecar_pushes(sidecar_factory) -> None:

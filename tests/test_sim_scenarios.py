@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.arms import OFF
-from controller.policy.registry import make_policy
-from controller.sidecar.book import PolicyBook
-from controller.sim.engine import InProcessLink, SimulatedEngine, World
-from controller.sim.scenario import build_scenarios
+from specctl.arms import OFF
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook
+from specctl.sim.engine import InProcessLink, SimulatedEngine, World
+from specctl.sim.scenario import build_scenarios
 
 STEPS = 2000
 

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from controller.sim.bench import run_policy
-from controller.sim.scenario import Scenario, build_scenarios
-from controller.sim.table import (
+from specctl.sim.bench import run_policy
+from specctl.sim.scenario import Scenario, build_scenarios
+from specctl.sim.table import (
     REFERENCE_BATCH,
     TableError,
     build_target,

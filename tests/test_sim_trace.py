@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from trace_support import ALPHA_PER_REQUEST_S, ALPHA_S, BETA_S, SyntheticTrace, synthetic_trace
 
-from controller.cli import main
-from controller.sim.engine import World, make_world
-from controller.sim.scenario import LoadChange, Scenario, build_scenarios
-from controller.sim.trace_world import (
+from specctl.cli import main
+from specctl.sim.engine import World, make_world
+from specctl.sim.scenario import LoadChange, Scenario, build_scenarios
+from specctl.sim.trace_world import (
     TraceScenario,
     TraceWorld,
     fit_step_time,
     trace_scenario,
 )
-from controller.trace.format import read_trace
+from specctl.trace.format import read_trace
 
 STEPS = 1500
 
@@ -265,7 +265,7 @@ def test_the_packaged_cpu_engine_trace_is_real_and_differs_by_class() -> None:
     acceptance that differs by class as the sampling temperature says it should."""
     import numpy as np
 
-    from controller.trace.format import read_trace
+    from specctl.trace.format import read_trace
 
     trace = read_trace("tiny-cpu-ngram")
     assert set(trace.classes) == {"greedy", "warm", "hot"}

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.arms import parse_arm
-from controller.decisionlog import DecisionLogConfig, DecisionLogWriter
-from controller.policy.registry import make_policy
-from controller.sidecar.book import PolicyBook
-from controller.sidecar.snapshot import (
+from specctl.arms import parse_arm
+from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.snapshot import (
     IngestWatermarks,
     Snapshot,
     SnapshotError,
@@ -27,7 +27,7 @@ from controller.sidecar.snapshot import (
     restore,
     write_snapshot,
 )
-from controller.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
 
 OFFERED = {"ngram": 4, "eagle3": 3}
 ARMS = ["off", "ngram/k=2", "ngram/k=4", "eagle3/k=3"]
@@ -257,7 +257,7 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
     Without forgetting (discount 1) the sufficient statistics are equal; with
     it, rows of one round are decayed together, as the steps of one report are.
     """
-    from controller.policy.thompson import SpecctlConfig
+    from specctl.policy.thompson import SpecctlConfig
 
     params = {
         name: value
@@ -280,7 +280,7 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
 
 
 def test_merged_batches_keep_every_row() -> None:
-    from controller.sidecar.coalesce import merge_batches
+    from specctl.sidecar.coalesce import merge_batches
 
     parts = batches(3) + batches(2, engine="engine-2", seed=3)
     merged = merge_batches(parts)
@@ -306,7 +306,7 @@ def test_merged_batches_keep_every_row() -> None:
 def test_decision_log_rows_of_many_reports_are_those_of_each() -> None:
     import pyarrow as pa
 
-    from controller.decisionlog.schema import batch_to_table, batches_to_table
+    from specctl.decisionlog.schema import batch_to_table, batches_to_table
 
     parts = batches(4) + batches(3, engine="engine-2", seed=9)
     together = batches_to_table(parts)
@@ -318,8 +318,8 @@ def test_decision_log_rows_of_many_reports_are_those_of_each() -> None:
 def test_a_state_the_configuration_cannot_take_does_not_stop_start_up(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
-    from controller.sidecar.config import StateConfig
-    from controller.sidecar.state import StateKeeper
+    from specctl.sidecar.config import StateConfig
+    from specctl.sidecar.state import StateKeeper
 
     book = make_book()
     book.offer(OFFERED)  # two drafters

@@ -1,4 +1,4 @@
-"""The testbed models (controller.demo.testbed_model), checked without starting vLLM.
+"""The testbed models (specctl.demo.testbed_model), checked without starting vLLM.
 
 The target must be the documented shape (its size is what puts a CPU in the
 GPU-like regime, docs/testbed.md), the draft must be the target's own
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.demo.testbed_model import (
+from specctl.demo.testbed_model import (
     HEAD_DIM,
     TestbedConfig,
     build_testbed_models,

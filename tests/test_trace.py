@@ -11,14 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 from trace_support import PROMPT_LEN, SECRET_PREFIX, synthetic_trace
 
-from controller.api import pb
-from controller.arms import Arm
-from controller.engine.client import SidecarClient
-from controller.engine.config import ConfigError, EngineConfig
-from controller.engine.policy_view import Choice
-from controller.engine.recorder import RawStep, _Plan
-from controller.trace import format as trace_format
-from controller.trace.format import (
+from specctl.api import pb
+from specctl.arms import Arm
+from specctl.engine.client import SidecarClient
+from specctl.engine.config import ConfigError, EngineConfig
+from specctl.engine.policy_view import Choice
+from specctl.engine.recorder import RawStep, _Plan
+from specctl.trace import format as trace_format
+from specctl.trace.format import (
     FILE_RE,
     META_KEY,
     SCHEMA_VERSION,
@@ -27,7 +27,7 @@ from controller.trace.format import (
     TraceMeta,
     read_trace,
 )
-from controller.trace.writer import TraceWriter
+from specctl.trace.writer import TraceWriter
 
 
 def test_round_trip_keeps_every_requests_rounds(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ its own acceptance rate (Beta-distributed per class), the rate moves along
 the request, the drafter sometimes proposes fewer than K tokens (an n-gram
 drafter without a match), and step times have heavy-tailed spikes. Steps are
 the recorder's ``RawStep`` objects, with request ids and the per-step vLLM
-mappings, pushed through :class:`~controller.trace.writer.TraceWriter`.
+mappings, pushed through :class:`~specctl.trace.writer.TraceWriter`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.arms import OFF, Arm
-from controller.engine.policy_view import Choice
-from controller.engine.recorder import RawStep, _Plan
-from controller.trace.format import TraceMeta
-from controller.trace.writer import TraceWriter
+from specctl.arms import OFF, Arm
+from specctl.engine.policy_view import Choice
+from specctl.engine.recorder import RawStep, _Plan
+from specctl.trace.format import TraceMeta
+from specctl.trace.writer import TraceWriter
 
 # step time: alpha(B) + BETA * tokens, times a log-normal residual with spikes
 ALPHA_S = 0.004

@@ -20,7 +20,7 @@ PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
-    """Run protoc into out_dir; rewrite imports to live under controller.api."""
+    """Run protoc into out_dir; rewrite imports to live under specctl.api."""
     from grpc_tools import protoc  # dev dependency only
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -37,7 +37,7 @@ def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
     written = []
     for path in sorted(out_dir.rglob("*.py*")):
         text = path.read_text()
-        text = text.replace("from specctl.v1 import", "from controller.api.specctl.v1 import")
+        text = text.replace("from specctl.v1 import", "from specctl.api.specctl.v1 import")
         path.write_text(text)
         written.append(path)
     for pkg in (out_dir / "specctl", out_dir / "specctl" / "v1"):

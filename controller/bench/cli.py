@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from controller.sim import bench_cli
+from specctl.sim import bench_cli
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_engine(args: argparse.Namespace) -> int:
-    from controller.bench.engine_bench import BenchOptions, EngineBench
-    from controller.bench.processes import ProcessError
-    from controller.bench.report import benchmark_json, format_report
-    from controller.bench.workload import WorkloadError, load_workload, policy_name_problem
+    from specctl.bench.engine_bench import BenchOptions, EngineBench
+    from specctl.bench.processes import ProcessError
+    from specctl.bench.report import benchmark_json, format_report
+    from specctl.bench.workload import WorkloadError, load_workload, policy_name_problem
 
     if not args.workload:
         print("specctl bench: --engine vllm needs --workload FILE", file=sys.stderr)
@@ -139,7 +139,7 @@ def write_outputs(
 ) -> list[Path]:
     """The JSON, the report text and the PNGs (when matplotlib is installed): ``bench.png``
     (goodput per policy and phase, off shares) and the timeline of specctl's choices."""
-    from controller.bench.report import format_report
+    from specctl.bench.report import format_report
 
     directory.mkdir(parents=True, exist_ok=True)
     json_path = json_path or directory / "bench.json"
@@ -148,7 +148,7 @@ def write_outputs(
     (directory / "report.txt").write_text(format_report(out) + "\n")
     written = [json_path, directory / "report.txt"]
     try:
-        from controller.bench.plots import plot_bench, plot_timeline
+        from specctl.bench.plots import plot_bench, plot_timeline
     except ImportError:
         return written
     plot_dir = plots or directory

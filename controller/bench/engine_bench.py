@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
-from controller.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer, metric_sum
-from controller.bench.workload import Workload, learning_policies
+from specctl.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
+from specctl.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer, metric_sum
+from specctl.bench.workload import Workload, learning_policies
 
 REFERENCE_SIDECAR = "static"
 Progress = Callable[[str], None]
@@ -112,7 +112,7 @@ def prepare_model(workload: Workload, models_dir: Path) -> tuple[str, dict[str, 
     spec = dict(workload.speculative)
     m = workload.model
     if m.builtin == "testbed":
-        from controller.demo.testbed_model import TestbedConfig, build_testbed_models
+        from specctl.demo.testbed_model import TestbedConfig, build_testbed_models
 
         config = TestbedConfig(**dict(m.testbed))
         digest = hashlib.sha256(json.dumps(config.to_json(), sort_keys=True).encode())
@@ -123,7 +123,7 @@ def prepare_model(workload: Workload, models_dir: Path) -> tuple[str, dict[str, 
             spec["model"] = str(draft)
         return str(target), spec
     if m.builtin == "tiny":
-        from controller.demo.tiny_model import build_tiny_model
+        from specctl.demo.tiny_model import build_tiny_model
 
         return str(build_tiny_model(models_dir / "tiny")), spec
     assert m.path is not None
@@ -168,7 +168,7 @@ class BenchOptions:
 
 class EngineBench:
     """Runs a workload's schedule on one engine; :meth:`run` returns the segments and the
-    timeline (raw measurements), which :func:`controller.bench.analysis.summarize` reads."""
+    timeline (raw measurements), which :func:`specctl.bench.analysis.summarize` reads."""
 
     def __init__(self, workload: Workload, options: BenchOptions) -> None:
         self.workload = workload
@@ -178,7 +178,7 @@ class EngineBench:
         self.runs = expand_policies(workload, options.policies)
         if not self.runs:
             raise ValueError("no policies to run")
-        from controller.sidecar.config import PolicyConfig
+        from specctl.sidecar.config import PolicyConfig
 
         self.bounds = tuple(workload.load_bucket_bounds or PolicyConfig().load_bucket_bounds)
         self.started = time.monotonic()
@@ -274,7 +274,7 @@ class EngineBench:
         assert self._sidecar is not None
         sidecar = self._sidecar
         if run.learning:
-            from controller.policy.registry import make_policy
+            from specctl.policy.registry import make_policy
 
             state_dir = None
             fresh = False
@@ -295,8 +295,8 @@ class EngineBench:
             time.sleep(0.6)  # the pinned policy is pushed (min_push_interval_s 0.5 s)
 
     def _evidence_rows(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
-        from controller.sidecar.stability import stability_by_context
-        from controller.steps import load_bucket_of
+        from specctl.sidecar.stability import stability_by_context
+        from specctl.steps import load_bucket_of
 
         assert self._sidecar is not None
         response = self._sidecar.evidence()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.bench.workload import BUILTIN_PROMPTS, ClassSpec
+from specctl.bench.workload import BUILTIN_PROMPTS, ClassSpec
 
 BUILTIN_TEXTS = (
     "The quick brown fox jumps over the lazy dog near the river bank.",

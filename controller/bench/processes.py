@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEDULER_CLS = "controller.engine.scheduler.SpecctlScheduler"
+SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 # vLLM 0.32's CPU build verifies drafts against uninitialized sampling parameters whenever a
 # batch holds a sampled request; this worker extension patches that (a no-op elsewhere).
-CPU_SPEC_DECODE_FIXES = "controller.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
+CPU_SPEC_DECODE_FIXES = "specctl.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
 SERVED_MODEL_NAME = "bench"
 ADMIN_TOKEN = "specctl-bench"  # the sidecar listens on a private unix socket only
 # The engine runs at this niceness: the load generator and the sidecar, which in production
@@ -371,7 +371,7 @@ class SidecarProcess:
     def __init__(self, workdir: Path, log_dir: Path, load_bucket_bounds: Sequence[int] | None):
         import grpc
 
-        from controller.api import pb, pb_grpc
+        from specctl.api import pb, pb_grpc
 
         self.workdir = workdir
         self.log_dir = log_dir
@@ -421,7 +421,7 @@ class SidecarProcess:
         if state_dir is not None:
             state_dir.mkdir(parents=True, exist_ok=True)
             if fresh_from_log:
-                from controller.sidecar.snapshot import SNAPSHOT_NAME
+                from specctl.sidecar.snapshot import SNAPSHOT_NAME
 
                 (state_dir / SNAPSHOT_NAME).unlink(missing_ok=True)
             lines += [
@@ -434,7 +434,7 @@ class SidecarProcess:
         config.write_text("\n".join(lines) + "\n")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "serve", "--config", str(config)],
+            [sys.executable, "-m", "specctl.cli", "serve", "--config", str(config)],
             stdout=self.log_path.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.bench.analysis import CLOCKS, SPECCTL, summarize
-from controller.bench.workload import Workload
+from specctl.bench.analysis import CLOCKS, SPECCTL, summarize
+from specctl.bench.workload import Workload
 
 GOODPUT = (
     "committed tokens (per request-round: 1 + accepted drafts, as the engine reported them) "

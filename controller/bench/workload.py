@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from controller.arms import ArmError, parse_arm
-from controller.steps import validate_class_name
+from specctl.arms import ArmError, parse_arm
+from specctl.steps import validate_class_name
 
 BUILTIN_MODELS = ("testbed", "tiny")
 STEP_CLOCKS = ("process_cpu", "wall")
@@ -52,7 +52,7 @@ _DEFAULT_SPECULATIVE: dict[str, dict[str, Any]] = {
         "prompt_lookup_min": 1,
     },
 }
-PACKAGED = resources.files("controller.bench") / "workloads"
+PACKAGED = resources.files("specctl.bench") / "workloads"
 
 
 class WorkloadError(ValueError):
@@ -365,7 +365,7 @@ def _model(w: _Where, raw: Any, base: Path | None) -> ModelSpec:
     if testbed:
         if builtin != "testbed":
             raise w.error("model.testbed", "only applies to builtin = 'testbed'")
-        from controller.demo.testbed_model import TestbedConfig
+        from specctl.demo.testbed_model import TestbedConfig
 
         known = [f for f in TestbedConfig.__dataclass_fields__ if not f.startswith("_")]
         _check_keys(w, testbed, "model.testbed", known)
@@ -424,7 +424,7 @@ def _engine(w: _Where, raw: Any) -> tuple[str, dict[str, str], tuple[str, ...]]:
 
 
 def _sidecar(w: _Where, raw: Any) -> tuple[tuple[int, ...] | None, dict[str, dict[str, Any]]]:
-    from controller.policy.registry import POLICIES, make_policy
+    from specctl.policy.registry import POLICIES, make_policy
 
     t = _table(w, raw or {}, "sidecar")
     _check_keys(w, t, "sidecar", ["load_bucket_bounds", "params"])
@@ -574,7 +574,7 @@ def _bench(w: _Where, raw: Any, arms: Sequence[str]) -> BenchSpec:
 
 def learning_policies() -> list[str]:
     """specctl first, then every peer the sidecar can run (all but ``static``)."""
-    from controller.policy.registry import POLICIES
+    from specctl.policy.registry import POLICIES
 
     return sorted((n for n in POLICIES if n != "static"), key=lambda n: (n != "specctl", n))
 

@@ -1,8 +1,8 @@
 """The decision log: every applied decision and what came of it, as Parquet."""
 
-from controller.decisionlog.reader import DecisionLog, LogInputError, LogProblem, read_decision_log
-from controller.decisionlog.schema import SCHEMA, SCHEMA_VERSION, batch_to_table
-from controller.decisionlog.writer import DecisionLogConfig, DecisionLogWriter
+from specctl.decisionlog.reader import DecisionLog, LogInputError, LogProblem, read_decision_log
+from specctl.decisionlog.schema import SCHEMA, SCHEMA_VERSION, batch_to_table
+from specctl.decisionlog.writer import DecisionLogConfig, DecisionLogWriter
 
 __all__ = [
     "SCHEMA",

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from controller.arms import ArmError, parse_arm
-from controller.decisionlog.schema import SCHEMA, SUPPORTED_VERSIONS, VERSION_KEY
-from controller.decisionlog.writer import FILE_RE
+from specctl.arms import ArmError, parse_arm
+from specctl.decisionlog.schema import SCHEMA, SUPPORTED_VERSIONS, VERSION_KEY
+from specctl.decisionlog.writer import FILE_RE
 
 OnBadInput = Literal["fail", "skip"]
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 SCHEMA_VERSION = 1
 VERSION_KEY = b"specctl.decision_log.schema_version"

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 import structlog
 from prometheus_client import Counter
 
-from controller.decisionlog.schema import SCHEMA, batches_to_table
-from controller.steps import StepBatch
+from specctl.decisionlog.schema import SCHEMA, batches_to_table
+from specctl.steps import StepBatch
 
 log = structlog.get_logger(__name__)
 

@@ -174,11 +174,11 @@ def sum_oracle(out: Mapping[str, Any], phase: str) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.bench.cli import write_outputs
-    from controller.bench.engine_bench import BenchOptions, EngineBench
-    from controller.bench.processes import ProcessError
-    from controller.bench.report import benchmark_json
-    from controller.bench.workload import WorkloadError, load_workload
+    from specctl.bench.cli import write_outputs
+    from specctl.bench.engine_bench import BenchOptions, EngineBench
+    from specctl.bench.processes import ProcessError
+    from specctl.bench.report import benchmark_json
+    from specctl.bench.workload import WorkloadError, load_workload
 
     try:
         workload = load_workload(args.workload)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-WORKER_EXTENSION = "controller.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
+WORKER_EXTENSION = "specctl.demo.vllm_cpu_fixes.CpuSpecDecodeFixes"
 
 
 def expand_batch_to_tokens(

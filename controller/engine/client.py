@@ -2,13 +2,13 @@
 
 The scheduler appends finished steps to a bounded deque and reads
 :attr:`SidecarClient.view`; that is all it ever touches. This thread drains
-the deque into one :class:`~controller.api.pb.StepReport` per interval over
+the deque into one :class:`~specctl.api.pb.StepReport` per interval over
 the ``Connect`` stream, compiles each pushed policy and swaps it in with one
 reference assignment, and reconnects with exponential backoff and jitter
 (sending its hello again) when the stream breaks. While there is no sidecar,
 or the policy is older than its maximum age, the view is the fallback arm.
 Nothing here raises into the engine. With ``trace_dir`` set, :meth:`push`
-also hands each step to a trace writer (:mod:`controller.trace.writer`),
+also hands each step to a trace writer (:mod:`specctl.trace.writer`),
 which keeps its own bounded deque and thread.
 """
 
@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 import structlog
 
-from controller.api import pb, pb_grpc
-from controller.arms import Arm
-from controller.engine.config import EngineConfig
-from controller.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
-from controller.steps import StepRecord, encode_step_report
+from specctl.api import pb, pb_grpc
+from specctl.arms import Arm
+from specctl.engine.config import EngineConfig
+from specctl.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
+from specctl.steps import StepRecord, encode_step_report
 
 if TYPE_CHECKING:
-    from controller.trace.writer import TraceWriter
+    from specctl.trace.writer import TraceWriter
 
-log = structlog.get_logger("controller.engine.client")
+log = structlog.get_logger("specctl.engine.client")
 
 # Steps per StepReport at most; a backlog after a reconnect goes out in several reports.
 MAX_STEPS_PER_REPORT = 512
@@ -103,7 +103,7 @@ class SidecarClient:
         # so it records whether or not a sidecar is connected).
         self.trace: TraceWriter | None = None
         if config.trace_dir:
-            from controller.trace.writer import engine_trace_writer
+            from specctl.trace.writer import engine_trace_writer
 
             self.trace = engine_trace_writer(config, hello)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.arms import OFF, Arm, ArmError, parse_arm
-from controller.steps import validate_class_name
+from specctl.arms import OFF, Arm, ArmError, parse_arm
+from specctl.steps import validate_class_name
 
 ENV_PREFIX = "SPECCTL_"
 DEFAULT_ADDRESS = "unix:///tmp/specctl.sock"

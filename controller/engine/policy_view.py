@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from controller.api import pb
-from controller.arms import OFF, Arm, ArmError, parse_arm
-from controller.steps import load_bucket_of
+from specctl.api import pb
+from specctl.arms import OFF, Arm, ArmError, parse_arm
+from specctl.steps import load_bucket_of
 
 
 class PolicyError(ValueError):

@@ -26,13 +26,13 @@ from typing import Any, NamedTuple
 
 import structlog
 
-from controller.engine.client import SidecarClient
-from controller.engine.config import EngineConfig
-from controller.engine.policy_view import Choice, PolicyView
-from controller.engine.step_clock import make_step_clock
-from controller.steps import StepRecord, validate_class_name
+from specctl.engine.client import SidecarClient
+from specctl.engine.config import EngineConfig
+from specctl.engine.policy_view import Choice, PolicyView
+from specctl.engine.step_clock import make_step_clock
+from specctl.steps import StepRecord, validate_class_name
 
-log = structlog.get_logger("controller.engine.recorder")
+log = structlog.get_logger("specctl.engine.recorder")
 
 # Distinct invalid class values warned about; beyond that they are only counted.
 _MAX_WARNED_CLASSES = 100

@@ -1,6 +1,6 @@
 """vLLM scheduler subclasses that apply specctl's policy: load with ``--scheduler-cls``.
 
-``controller.engine.scheduler.SpecctlScheduler`` works for both of vLLM's
+``specctl.engine.scheduler.SpecctlScheduler`` works for both of vLLM's
 schedulers: when the engine runs with async scheduling it builds a
 :class:`SpecctlAsyncScheduler` (a subclass of vLLM's ``AsyncScheduler``)
 instead, so the choice always matches the engine's configuration. Both classes
@@ -8,7 +8,7 @@ are importable by qualified name, which vLLM's spawned engine-core process
 needs.
 
 The hooks, all in vLLM's ``Scheduler`` (0.32 and 0.33; the full list of what
-the plugin relies on is ``controller.engine.vllm_compat.INVENTORY``):
+the plugin relies on is ``specctl.engine.vllm_compat.INVENTORY``):
 
 - ``add_request``: the request's workload class, once (a streaming-input
   session's next chunk is folded into the session by vLLM, and
@@ -32,21 +32,21 @@ from typing import Any
 
 import structlog
 
-from controller import __version__
-from controller.api import pb
-from controller.arms import MAX_K
-from controller.engine.client import SidecarClient
-from controller.engine.config import EngineConfig, engine_default_arm
-from controller.engine.recorder import StepRecorder
-from controller.engine.vllm_compat import (
+from specctl import __version__
+from specctl.api import pb
+from specctl.arms import MAX_K
+from specctl.engine.client import SidecarClient
+from specctl.engine.config import EngineConfig, engine_default_arm
+from specctl.engine.recorder import StepRecorder
+from specctl.engine.vllm_compat import (
     SUPPORTED_VLLM_VERSIONS,
     runtime_problems,
     version_supported,
 )
 
-log = structlog.get_logger("controller.engine.scheduler")
+log = structlog.get_logger("specctl.engine.scheduler")
 
-_QUALNAME = "controller.engine.scheduler.SpecctlScheduler"
+_QUALNAME = "specctl.engine.scheduler.SpecctlScheduler"
 
 
 class UnsupportedVllmError(RuntimeError):

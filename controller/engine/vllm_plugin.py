@@ -18,7 +18,7 @@ carries the last row forward), so vLLM's own safety applies and nothing else
 changes. A user's own table is left as it is, and so is an engine with data
 parallelism (specctl keeps vLLM's static K there). Where the plugin is not loaded
 (``VLLM_PLUGINS`` excludes it), the scheduler refuses FULL CUDA graphs without
-a table at start-up (see ``controller.engine.scheduler``).
+a table at start-up (see ``specctl.engine.scheduler``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 SCHEDULER_CLASSES = (
-    "controller.engine.scheduler.SpecctlScheduler",
-    "controller.engine.scheduler.SpecctlAsyncScheduler",
+    "specctl.engine.scheduler.SpecctlScheduler",
+    "specctl.engine.scheduler.SpecctlAsyncScheduler",
 )
 
 

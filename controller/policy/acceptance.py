@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controller.arms import MAX_K
+from specctl.arms import MAX_K
 
 # observations of a position in the recent window before a change there can be declared
 _MIN_RECENT_OBSERVATIONS = 20.0

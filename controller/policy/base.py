@@ -1,7 +1,7 @@
 """The policy interface, in the manner of Open Bandit Pipeline.
 
 A policy learns from logged feedback (``update_params`` with a validated
-:class:`~controller.steps.StepBatch`) and answers, per context (workload
+:class:`~specctl.steps.StepBatch`) and answers, per context (workload
 class, load bucket), with a probability distribution over arms
 (``select_action``). Engines sample from that distribution themselves, so the
 propensity of every logged choice is exact.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.arms import Arm
-from controller.steps import StepBatch
+from specctl.arms import Arm
+from specctl.steps import StepBatch
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ long memory (``discount`` per step in the bucket, the policy's
 
 Non-negative and monotone in K: per posterior draw, the policy draws each
 speculative arm's extra step time over ``off`` from its Gaussian posterior
-conditioned on being >= 0 (:mod:`controller.policy.truncated`), then takes
+conditioned on being >= 0 (:mod:`specctl.policy.truncated`), then takes
 the running maximum of the step time over K = 0 (off), 1, 2, ... of each
 drafter.
 Clipping each coefficient at zero instead breaks the cancellations between

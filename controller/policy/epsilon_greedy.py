@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from controller.policy.base import Decision
-from controller.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, parse_config, real
-from controller.policy.rewards import IndependentArmsPolicy
+from specctl.policy.base import Decision
+from specctl.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, parse_config, real
+from specctl.policy.rewards import IndependentArmsPolicy
 
 
 @dataclass(frozen=True)

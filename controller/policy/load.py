@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 
 def prior_batch_sizes(bounds: Sequence[int]) -> np.ndarray:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.arms import parse_arm
-from controller.policy.banditspec_ucb import make_banditspec_ucb
-from controller.policy.base import Policy
-from controller.policy.epsilon_greedy import make_epsilon_greedy
-from controller.policy.sglang_ema import make_sglang_ema
-from controller.policy.static import StaticPolicy
-from controller.policy.thompson import make_specctl
-from controller.policy.trtllm_threshold import make_trtllm_threshold
-from controller.policy.vllm_table import make_vllm_batch_table
+from specctl.arms import parse_arm
+from specctl.policy.banditspec_ucb import make_banditspec_ucb
+from specctl.policy.base import Policy
+from specctl.policy.epsilon_greedy import make_epsilon_greedy
+from specctl.policy.sglang_ema import make_sglang_ema
+from specctl.policy.static import StaticPolicy
+from specctl.policy.thompson import make_specctl
+from specctl.policy.trtllm_threshold import make_trtllm_threshold
+from specctl.policy.vllm_table import make_vllm_batch_table
 
 
 def _static(params: Mapping[str, Any]) -> Policy:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.arms import OFF, Arm
-from controller.policy.base import Policy
-from controller.steps import StepBatch
+from specctl.arms import OFF, Arm
+from specctl.policy.base import Policy
+from specctl.steps import StepBatch
 
 
 class ArmRewards:

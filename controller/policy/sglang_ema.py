@@ -23,16 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import MAX_K, OFF, Arm, max_k_by_drafter
-from controller.policy.base import Decision, Policy
-from controller.policy.params import (
+from specctl.arms import MAX_K, OFF, Arm, max_k_by_drafter
+from specctl.policy.base import Decision, Policy
+from specctl.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
     bucket_bounds,
     integer,
     parse_config,
     real,
 )
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 
 @dataclass(frozen=True)

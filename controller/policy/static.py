@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.arms import OFF, Arm
-from controller.policy.base import Decision, Policy
-from controller.steps import StepBatch
+from specctl.arms import OFF, Arm
+from specctl.policy.base import Decision, Policy
+from specctl.steps import StepBatch
 
 
 class StaticPolicy(Policy):

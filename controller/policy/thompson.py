@@ -6,8 +6,8 @@ arm ``(d, K)`` in class c at load bucket b::
     goodput = B_b * E[tokens | c, d, K] / E[step time | b, d, K]
 
 ``E[tokens]`` comes from the censored per-position acceptance model of
-(c, d) (:mod:`controller.policy.acceptance`), shared across K; the step time
-from the per-bucket cost model (:mod:`controller.policy.cost`), monotone in
+(c, d) (:mod:`specctl.policy.acceptance`), shared across K; the step time
+from the per-bucket cost model (:mod:`specctl.policy.cost`), monotone in
 K; ``B_b`` is the bucket's typical batch size. It reads "if the whole batch at
 this load ran this arm", which is what a class alone in its batches gets;
 classes that share batches are compared on the batch's goodput instead (see
@@ -33,7 +33,7 @@ draws per context. Each position's Beta posterior is drawn through its
 logit-normal (delta-method) approximation, and the cost coefficients from
 their Gaussian posterior. Each speculative arm's extra step time over ``off``
 is drawn from its posterior conditioned on being non-negative
-(:mod:`controller.policy.truncated`), then each draw is made monotone in K.
+(:mod:`specctl.policy.truncated`), then each draw is made monotone in K.
 Clipping that extra time at zero instead made speculation exactly free in
 every draw that put it below zero, where the hair of extra tokens the
 acceptance prior still promises at zero acceptance beat ``off``: with a
@@ -53,9 +53,9 @@ carried the class and capped at ``max_rounds`` rounds; step-time evidence by
 than waited out: acceptance keeps a recent window as well
 (``recent_discount``, 0.99) and a position whose recent rate has moved from
 the long one by ``change_min_shift`` and ``change_z`` standard errors replaces
-the long counts with the recent ones (:mod:`controller.policy.acceptance`);
+the long counts with the recent ones (:mod:`specctl.policy.acceptance`);
 step time has Huber-weighted updates and a CUSUM on its residuals
-(:mod:`controller.policy.cost`). After a step change in acceptance, old
+(:mod:`specctl.policy.cost`). After a step change in acceptance, old
 evidence therefore keeps at most ``recent_discount ** n`` of its weight in the
 recent window after n of the class's steps, and once the shift is detected
 the posterior reads only that window: the documented bound for the choice to
@@ -92,20 +92,20 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import MAX_K, OFF, Arm, ArmError, parse_arm
-from controller.policy.acceptance import AcceptanceModel
-from controller.policy.base import ArmEstimate, Decision, Evidence, Policy
-from controller.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
-from controller.policy.load import BucketLoad
-from controller.policy.params import (
+from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from specctl.policy.acceptance import AcceptanceModel
+from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
+from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
+from specctl.policy.load import BucketLoad
+from specctl.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
     bucket_bounds,
     integer,
     parse_config,
     real,
 )
-from controller.policy.truncated import nonnegative_draws
-from controller.steps import StepBatch
+from specctl.policy.truncated import nonnegative_draws
+from specctl.steps import StepBatch
 
 _MIN_STEP_TIME_S = 1e-6
 # memory of a load bucket's class mix, per step in the bucket (about 100 steps)

@@ -22,17 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import OFF, Arm, ArmError, max_k_by_drafter, parse_arm
-from controller.policy.base import Decision, Policy
-from controller.policy.load import BucketLoad
-from controller.policy.params import (
+from specctl.arms import OFF, Arm, ArmError, max_k_by_drafter, parse_arm
+from specctl.policy.base import Decision, Policy
+from specctl.policy.load import BucketLoad
+from specctl.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
     bucket_bounds,
     integer,
     parse_config,
     real,
 )
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 
 @dataclass(frozen=True)

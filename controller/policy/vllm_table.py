@@ -20,16 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import OFF, Arm, max_k_by_drafter
-from controller.policy.base import Decision, Policy
-from controller.policy.load import BucketLoad
-from controller.policy.params import (
+from specctl.arms import OFF, Arm, max_k_by_drafter
+from specctl.policy.base import Decision, Policy
+from specctl.policy.load import BucketLoad
+from specctl.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
     bucket_bounds,
     integer,
     parse_config,
 )
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 Table = tuple[tuple[int, int, int], ...]
 

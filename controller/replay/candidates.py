@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.arms import OFF_NAME, Arm, ArmError, parse_arm
-from controller.policy.base import Policy
-from controller.policy.registry import make_policy
+from specctl.arms import OFF_NAME, Arm, ArmError, parse_arm
+from specctl.policy.base import Policy
+from specctl.policy.registry import make_policy
 
 
 @dataclass(frozen=True)

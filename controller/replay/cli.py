@@ -62,11 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from controller.decisionlog.reader import LogInputError, read_decision_log
-    from controller.replay.candidates import parse_policy_spec
-    from controller.replay.data import prepare
-    from controller.replay.evaluate import evaluate
-    from controller.replay.report import format_table, to_json, write_json, write_report
+    from specctl.decisionlog.reader import LogInputError, read_decision_log
+    from specctl.replay.candidates import parse_policy_spec
+    from specctl.replay.data import prepare
+    from specctl.replay.evaluate import evaluate
+    from specctl.replay.report import format_table, to_json, write_json, write_report
 
     try:
         candidates = [parse_policy_spec(spec) for spec in args.policy]

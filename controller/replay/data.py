@@ -11,7 +11,7 @@ Rewards, per request-round (one row):
 
 - ``tokens``: committed tokens, accepted + 1;
 - ``seconds``: the row's share of its step's wall time, the step time split in
-  proportion to the fitted cost of each row (:mod:`controller.replay.cost`),
+  proportion to the fitted cost of each row (:mod:`specctl.replay.cost`),
   so the shares of a step add up to its measured time.
 
 Goodput (committed tokens per second of engine time) is a ratio of the two.
@@ -26,9 +26,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from controller.arms import OFF, Arm, parse_arm
-from controller.decisionlog.reader import dictionary_codes
-from controller.replay.cost import StepCostModel, fit_step_cost, step_features
+from specctl.arms import OFF, Arm, parse_arm
+from specctl.decisionlog.reader import dictionary_codes
+from specctl.replay.cost import StepCostModel, fit_step_cost, step_features
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

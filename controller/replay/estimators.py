@@ -5,13 +5,13 @@ dataclass with ``estimate_policy_value`` (point estimates) and
 ``estimate_interval`` (bootstrap confidence intervals). The candidate is given
 as ``action_dist``, its probability of each arm (columns, ``data.arms``) in
 each logged context (rows, ``data.context_*``): the estimators here evaluate a
-*stationary* policy; :mod:`controller.replay.rejection` handles policies that
+*stationary* policy; :mod:`specctl.replay.rejection` handles policies that
 learn as they go.
 
 Every estimator estimates, per workload class and overall (scope ``"all"``):
 
 - tokens per round: committed tokens (accepted + 1) per request-round;
-- seconds per round: engine time per request-round (see :mod:`controller.replay.data`);
+- seconds per round: engine time per request-round (see :mod:`specctl.replay.data`);
 - goodput: their ratio, committed tokens per second of engine time.
 
 Intervals come from a Poisson bootstrap over steps (every unit of a step gets
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.replay.cost import StepCostFitter, StepCostModel
-from controller.replay.data import LoggedRounds
+from specctl.replay.cost import StepCostFitter, StepCostModel
+from specctl.replay.data import LoggedRounds
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.replay.candidates import Candidate
-from controller.replay.data import LoggedRounds
-from controller.replay.estimators import (
+from specctl.replay.candidates import Candidate
+from specctl.replay.data import LoggedRounds
+from specctl.replay.estimators import (
     ESTIMATORS,
     SCOPE_ALL,
     Bootstrap,
@@ -23,7 +23,7 @@ from controller.replay.estimators import (
     fit_arm_model,
     scopes,
 )
-from controller.replay.rejection import RejectionReplay, candidate_action_dist
+from specctl.replay.rejection import RejectionReplay, candidate_action_dist
 
 ALL_ESTIMATORS = ("ipw", "snipw", "dr", "model", "replay")
 WEIGHTED = ("ipw", "snipw", "dr")

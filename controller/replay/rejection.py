@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from controller.policy.base import Policy
-from controller.replay.data import LoggedRounds
-from controller.replay.estimators import (
+from specctl.policy.base import Policy
+from specctl.replay.data import LoggedRounds
+from specctl.replay.estimators import (
     SCOPE_ALL,
     Bootstrap,
     IntervalEstimate,
     PolicyValue,
     scopes,
 )
-from controller.steps import StepBatch
+from specctl.steps import StepBatch
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

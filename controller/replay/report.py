@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from controller.decisionlog.reader import LogProblem
-from controller.replay.evaluate import Evaluation, Result
+from specctl.decisionlog.reader import LogProblem
+from specctl.replay.evaluate import Evaluation, Result
 
 
 def _num(x: float, fmt: str) -> str:

@@ -1,9 +1,9 @@
 """PolicyBook: the sidecar's state, free of gRPC and asyncio.
 
-It wraps a :class:`~controller.policy.base.Policy` and owns what the policy
+It wraps a :class:`~specctl.policy.base.Policy` and owns what the policy
 does not: the union of arms engines offer, the bound on workload classes,
 operator overrides, the published distributions and their version, how much
-those distributions move (a :class:`~controller.sidecar.stability.DecisionStability`
+those distributions move (a :class:`~specctl.sidecar.stability.DecisionStability`
 per context), and the per-engine restriction of a policy to the arms that
 engine can run. The server drives it from one event loop; the simulator drives
 it in-process.
@@ -18,20 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from controller.api import pb
-from controller.arms import OFF, Arm, arms_for
-from controller.logs import get_logger
-from controller.policy.base import Decision, Evidence, Policy
-from controller.sidecar.coalesce import merge_batches
-from controller.sidecar.metrics import SidecarMetrics
-from controller.sidecar.stability import (
+from specctl.api import pb
+from specctl.arms import OFF, Arm, arms_for
+from specctl.logs import get_logger
+from specctl.policy.base import Decision, Evidence, Policy
+from specctl.sidecar.coalesce import merge_batches
+from specctl.sidecar.metrics import SidecarMetrics
+from specctl.sidecar.stability import (
     FLIP_MARGIN,
     WINDOW_S,
     DecisionStability,
     StabilityStats,
     total_variation,
 )
-from controller.steps import StepBatch, validate_class_name
+from specctl.steps import StepBatch, validate_class_name
 
 log = get_logger("specctl.sidecar.book")
 

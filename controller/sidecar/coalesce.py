@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.arms import Arm
-from controller.steps import StepBatch
+from specctl.arms import Arm
+from specctl.steps import StepBatch
 
 MERGED_ENGINE_ID = "<merged>"
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.arms import ArmError, parse_arm
-from controller.logs import FORMATS, LEVELS
-from controller.steps import validate_class_name
+from specctl.arms import ArmError, parse_arm
+from specctl.logs import FORMATS, LEVELS
+from specctl.steps import validate_class_name
 
 ENV_PREFIX = "SPECCTL_"
 # Top-level tables that belong to other specctl components sharing the file.
@@ -138,7 +138,7 @@ class PolicyConfig:
     overrides: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from controller.policy.registry import POLICIES, make_policy
+        from specctl.policy.registry import POLICIES, make_policy
 
         if self.name not in POLICIES:
             raise _fail("policy.name", self.name, f"unknown policy; known: {sorted(POLICIES)}")

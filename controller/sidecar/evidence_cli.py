@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from controller.sidecar.client_cli import add_common_arguments, fail, table, target
+from specctl.sidecar.client_cli import add_common_arguments, fail, table, target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     import grpc
     from google.protobuf import json_format
 
-    from controller.api import pb, pb_grpc
+    from specctl.api import pb, pb_grpc
 
     with grpc.insecure_channel(target(args.address)) as channel:
         try:

@@ -15,8 +15,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from controller import __version__
-from controller.sidecar.stability import DecisionStability
+from specctl import __version__
+from specctl.sidecar.stability import DecisionStability
 
 # Report arrival to policy updated: the static policy takes tens of microseconds.
 LATENCY_BUCKETS = (

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from controller.sidecar.client_cli import add_common_arguments, fail, target
+from specctl.sidecar.client_cli import add_common_arguments, fail, target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from controller.api import pb, pb_grpc
+    from specctl.api import pb, pb_grpc
 
     if args.clear == (args.arm is not None):
         print("specctl override: give either an ARM or --clear", file=sys.stderr)

@@ -69,9 +69,9 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from controller.logs import configure_logging
-    from controller.sidecar.config import ConfigError, load_config
-    from controller.sidecar.server import serve
+    from specctl.logs import configure_logging
+    from specctl.sidecar.config import ConfigError, load_config
+    from specctl.sidecar.server import serve
 
     overrides = flag_overrides(args)
     try:

@@ -1,7 +1,7 @@
 """The sidecar's gRPC server: engines connect, stream reports, and receive policies.
 
 One :class:`Session` per Connect stream. Reports are validated and fed to the
-:class:`~controller.sidecar.book.PolicyBook` on the event loop; policy pushes
+:class:`~specctl.sidecar.book.PolicyBook` on the event loop; policy pushes
 run in their own task and reach each engine through a bounded outbox, so a
 slow engine gets the latest policy rather than a backlog, and never holds up
 report processing.
@@ -29,13 +29,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from controller.api import ADMIN_SERVICE_NAME, SERVICE_NAME, pb, pb_grpc
-from controller.arms import MAX_K, OFF, Arm, ArmError, parse_arm
-from controller.logs import get_logger
-from controller.policy.base import Policy
-from controller.policy.registry import make_policy
-from controller.sidecar.book import PolicyBook, UnknownClassError
-from controller.sidecar.config import (
+from specctl.api import ADMIN_SERVICE_NAME, SERVICE_NAME, pb, pb_grpc
+from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from specctl.logs import get_logger
+from specctl.policy.base import Policy
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook, UnknownClassError
+from specctl.sidecar.config import (
     SOCKET_MODES,
     ConfigError,
     SidecarConfig,
@@ -43,10 +43,10 @@ from controller.sidecar.config import (
     load_config,
     unix_socket_path,
 )
-from controller.sidecar.metrics import SidecarMetrics
-from controller.sidecar.state import StateKeeper
-from controller.sidecar.tls import CertificateFiles, parse_names, peer_common_names
-from controller.steps import ReportError, StepBatch, decode_step_report, validate_class_name
+from specctl.sidecar.metrics import SidecarMetrics
+from specctl.sidecar.state import StateKeeper
+from specctl.sidecar.tls import CertificateFiles, parse_names, peer_common_names
+from specctl.steps import ReportError, StepBatch, decode_step_report, validate_class_name
 
 log = get_logger("specctl.sidecar")
 

@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controller.arms import Arm, ArmError, parse_arm
-from controller.logs import get_logger
-from controller.policy.base import Policy
-from controller.sidecar.book import PolicyBook
-from controller.steps import StepBatch, validate_class_name
+from specctl.arms import Arm, ArmError, parse_arm
+from specctl.logs import get_logger
+from specctl.policy.base import Policy
+from specctl.sidecar.book import PolicyBook
+from specctl.steps import StepBatch, validate_class_name
 
 log = get_logger("specctl.sidecar.snapshot")
 
@@ -303,7 +303,7 @@ class ReplayResult:
 
 
 def _tail_files(directory: Path, since_unix_s: float | None) -> list[Path]:
-    from controller.decisionlog.reader import log_files
+    from specctl.decisionlog.reader import log_files
 
     files = log_files([directory])
     if since_unix_s is None:
@@ -331,7 +331,7 @@ def replay_log_tail(
     bucket it does not have, an invalid class) are skipped and counted; bad
     files are reported by the log reader and skipped. Never raises on bad data.
     """
-    from controller.decisionlog.reader import dictionary_codes, read_decision_log
+    from specctl.decisionlog.reader import dictionary_codes, read_decision_log
 
     if not directory.is_dir():
         return ReplayResult()

@@ -4,10 +4,10 @@ most likely arm changes.
 A policy that keeps changing its mind costs goodput even when each decision
 is reasonable: engines switch drafters and K, and the evidence behind every
 choice stays thin. Per (workload class, load bucket) the
-:class:`~controller.sidecar.book.PolicyBook` keeps one :class:`DecisionStability`
+:class:`~specctl.sidecar.book.PolicyBook` keeps one :class:`DecisionStability`
 and feeds it every distribution it publishes. It is a plain stats object, in
 the manner of vLLM's ``SpecDecodingStats``: it knows nothing of Prometheus or
-gRPC; the exporter in :mod:`controller.sidecar.metrics` and
+gRPC; the exporter in :mod:`specctl.sidecar.metrics` and
 ``PolicyBook.evidence`` read it, and reading never changes it.
 
 What it measures, per context:
@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import Arm, parse_arm
-from controller.policy.base import Decision
+from specctl.arms import Arm, parse_arm
+from specctl.policy.base import Decision
 
 # Another arm must beat the current mode's probability by this much to take over.
 FLIP_MARGIN = 0.1

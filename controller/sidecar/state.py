@@ -16,12 +16,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from controller.decisionlog import DecisionLogConfig, DecisionLogWriter
-from controller.logs import get_logger
-from controller.policy.base import Policy
-from controller.sidecar.book import PolicyBook
-from controller.sidecar.config import StateConfig
-from controller.sidecar.snapshot import (
+from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
+from specctl.logs import get_logger
+from specctl.policy.base import Policy
+from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.config import StateConfig
+from specctl.sidecar.snapshot import (
     SNAPSHOT_NAME,
     IngestWatermarks,
     ReplayResult,

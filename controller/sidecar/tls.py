@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from controller.logs import get_logger
+from specctl.logs import get_logger
 
 log = get_logger("specctl.sidecar.tls")
 

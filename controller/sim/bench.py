@@ -1,7 +1,7 @@
 """The side-by-side policy benchmark: every policy on the same scenario and seeds.
 
 Each policy runs in its own simulated world built from the same seed, through
-the production path (:class:`~controller.sidecar.book.PolicyBook`, report
+the production path (:class:`~specctl.sidecar.book.PolicyBook`, report
 encoding and validation, the engine's compiled policy view). Besides the
 registered policies, three references run:
 
@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from controller.arms import OFF, Arm, parse_arm
-from controller.policy.base import Policy
-from controller.policy.registry import POLICIES, make_policy
-from controller.policy.static import StaticPolicy
-from controller.sidecar.book import PolicyBook
-from controller.sim.engine import (
+from specctl.arms import OFF, Arm, parse_arm
+from specctl.policy.base import Policy
+from specctl.policy.registry import POLICIES, make_policy
+from specctl.policy.static import StaticPolicy
+from specctl.sidecar.book import PolicyBook
+from specctl.sim.engine import (
     FloatArray,
     InProcessLink,
     RunRecord,
@@ -53,8 +53,8 @@ from controller.sim.engine import (
     SimWorld,
     make_world,
 )
-from controller.sim.oracle import OraclePolicy
-from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+from specctl.sim.oracle import OraclePolicy
+from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 
 REFERENCES = ("oracle", "static-off", "best-static")
 TUNED_SUFFIX = "@tuned"
@@ -211,7 +211,7 @@ def shipped_params(name: str, scenario: Scenario) -> dict[str, Any]:
       (``vllm/config/speculative.py``) defaults to None, a fixed K; Dynamic SD
       needs a table the user writes. As shipped it gets the policy's own
       documented default table ``{1: 4, 16: 2, 64: 0}``
-      (:class:`~controller.policy.vllm_table.BatchTableConfig`), K capped by
+      (:class:`~specctl.policy.vllm_table.BatchTableConfig`), K capped by
       the configured K as vLLM caps it. (vLLM's documentation example is
       ``[[1, 64, 3], [65, 128, 1], [129, 512, 0]]``.)
     - ``banditspec-ucb``, ``epsilon-greedy``: their defaults (UCB1 with

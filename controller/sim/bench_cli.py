@@ -11,7 +11,7 @@ a trace recorded from a real engine (docs/traces.md).
 The peers run as shipped (``sglang-ema``: the engine's configured K and the
 system's own defaults) and, where they have a configuration to tune, tuned in
 hindsight from the same sweep (``sglang-ema@tuned``); see
-:mod:`controller.sim.bench`.
+:mod:`specctl.sim.bench`.
 """
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.sim.bench import (
+    from specctl.sim.bench import (
         benchmark_json,
         check_policy_name,
         default_policies,
         run_scenario,
     )
-    from controller.sim.scenario import build_scenarios
+    from specctl.sim.scenario import build_scenarios
 
     if args.steps < 100:
         print("specctl bench: --steps must be at least 100", file=sys.stderr)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
     if args.plots:
-        from controller.sim.plots import write_plots
+        from specctl.sim.plots import write_plots
 
         for path in write_plots(results, args.plots):
             print(f"wrote {path}", file=sys.stderr)

@@ -8,17 +8,17 @@ conditional rates, so noise is real.
 
 :class:`SimulatedEngine` is what a vLLM engine with the specctl scheduler does
 per step: for each (class, load bucket) present it samples an arm from its
-compiled :class:`~controller.engine.policy_view.PolicyView` (one sample per
+compiled :class:`~specctl.engine.policy_view.PolicyView` (one sample per
 class per step, applied to every request of the class), records the step as a
-:class:`~controller.steps.StepRecord`, and every ``report_every`` steps sends
+:class:`~specctl.steps.StepRecord`, and every ``report_every`` steps sends
 ``encode_step_report`` to a link. :class:`InProcessLink` decodes and validates
-it with ``decode_step_report``, feeds the :class:`~controller.sidecar.book.PolicyBook`
+it with ``decode_step_report``, feeds the :class:`~specctl.sidecar.book.PolicyBook`
 and compiles ``policy_for`` back into the engine, exactly as the sidecar and
-the engine's client do across gRPC (:mod:`controller.sim.grpc_link`).
+the engine's client do across gRPC (:mod:`specctl.sim.grpc_link`).
 
 Time. A step of ``B`` requests lasts ``base_step_time(B) / B * sum_i cost_i``
 (times a small log-normal noise), where ``cost_i`` is the cost of request i's
-round in plain decode steps (:mod:`controller.sim.table`); each request is
+round in plain decode steps (:mod:`specctl.sim.table`); each request is
 charged its own ``cost_i`` share of the step. A class's goodput is the tokens
 its requests committed over the time charged to them, so classes sharing a
 step do not pay for each other's drafts.
@@ -33,13 +33,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from controller.api import pb
-from controller.arms import OFF, Arm
-from controller.engine.policy_view import PolicyView, compile_policy, fallback_view
-from controller.sidecar.book import PolicyBook
-from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
-from controller.sim.table import TargetModel
-from controller.steps import StepRecord, decode_step_report, encode_step_report
+from specctl.api import pb
+from specctl.arms import OFF, Arm
+from specctl.engine.policy_view import PolicyView, compile_policy, fallback_view
+from specctl.sidecar.book import PolicyBook
+from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+from specctl.sim.table import TargetModel
+from specctl.steps import StepRecord, decode_step_report, encode_step_report
 
 STEP_TIME_NOISE = 0.02  # log-normal sigma of a step's wall time
 BLOCK_STEPS = 50  # resolution of the per-class accounting over time
@@ -53,7 +53,7 @@ class SimWorld(Protocol):
     """What the simulated engine and the oracle need of a world.
 
     Two implement it: :class:`World`, drawn from a sweep table, and
-    :class:`~controller.sim.trace_world.TraceWorld`, replayed from a trace.
+    :class:`~specctl.sim.trace_world.TraceWorld`, replayed from a trace.
     """
 
     @property
@@ -78,7 +78,7 @@ class SimWorld(Protocol):
 
 def make_world(scenario: Scenario, rng: np.random.Generator) -> SimWorld:
     """The world a scenario runs in: a trace's replay, or draws from its table."""
-    from controller.sim.trace_world import TraceScenario, TraceWorld
+    from specctl.sim.trace_world import TraceScenario, TraceWorld
 
     if isinstance(scenario, TraceScenario):
         return TraceWorld(scenario, rng)

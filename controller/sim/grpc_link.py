@@ -1,7 +1,7 @@
 """The simulated engine on the wire: the engine's own sidecar client over gRPC.
 
 :class:`GrpcLink` hands each step record to
-:class:`~controller.engine.client.SidecarClient`, the same background thread a
+:class:`~specctl.engine.client.SidecarClient`, the same background thread a
 vLLM engine runs, and reads the policy view it keeps current; so a running
 sidecar sees exactly what a real engine would send.
 """
@@ -13,15 +13,15 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from controller import __version__
-from controller.api import pb
-from controller.arms import OFF, Arm
-from controller.engine.client import SidecarClient
-from controller.engine.config import EngineConfig
-from controller.engine.policy_view import PolicyView
-from controller.sim.engine import RunRecord, SimulatedEngine, World
-from controller.sim.scenario import Scenario
-from controller.steps import StepRecord
+from specctl import __version__
+from specctl.api import pb
+from specctl.arms import OFF, Arm
+from specctl.engine.client import SidecarClient
+from specctl.engine.config import EngineConfig
+from specctl.engine.policy_view import PolicyView
+from specctl.sim.engine import RunRecord, SimulatedEngine, World
+from specctl.sim.scenario import Scenario
+from specctl.steps import StepRecord
 
 
 class _Step(StepRecord):

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.arms import OFF, Arm
-from controller.policy.base import Decision, Policy
-from controller.sim.engine import SimWorld
-from controller.steps import StepBatch
+from specctl.arms import OFF, Arm
+from specctl.policy.base import Decision, Policy
+from specctl.sim.engine import SimWorld
+from specctl.steps import StepBatch
 
 
 class OraclePolicy(Policy):

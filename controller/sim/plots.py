@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from controller.sim.bench import ScenarioResult, policy_variant
+from specctl.sim.bench import ScenarioResult, policy_variant
 
 # bar colour by variant: ours, peers as shipped, peers tuned in hindsight, references
 _COLOURS = {"learning": "C0", "as-shipped": "C1", "tuned-in-hindsight": "C7", "reference": "C2"}

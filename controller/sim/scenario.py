@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.sim.table import (
+from specctl.sim.table import (
     REFERENCE_BATCH,
     Row,
     TableError,
@@ -249,10 +249,10 @@ def build_scenarios(
 
     A user table runs as scenario ``table``: ``target`` (or each target in the
     table) with its datasets as classes, equal mix. Scenario ``trace`` replays
-    each recorded trace in ``trace`` (:mod:`controller.sim.trace_world`).
+    each recorded trace in ``trace`` (:mod:`specctl.sim.trace_world`).
     """
     if name == "trace":
-        from controller.sim.trace_world import trace_scenarios
+        from specctl.sim.trace_world import trace_scenarios
 
         return list(trace_scenarios(trace, steps))
     rows = read_rows(table)

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_event(text: str) -> object:
     """``3000:accept:math500=0.5``, ``4000:load=128`` or ``5000:mix:a=3,b=1``."""
-    from controller.sim.scenario import AcceptanceChange, LoadChange, MixChange
+    from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange
 
     step_text, _, rest = text.partition(":")
     try:
@@ -61,8 +61,8 @@ def parse_event(text: str) -> object:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from controller.sim.grpc_link import simulate_against
-    from controller.sim.scenario import build_scenarios
+    from specctl.sim.grpc_link import simulate_against
+    from specctl.sim.scenario import build_scenarios
 
     try:
         scenario = build_scenarios(args.scenario, args.steps, args.table, args.target)[0]

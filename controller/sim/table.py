@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from controller.arms import Arm, arms_for
+from specctl.arms import Arm, arms_for
 
 REFERENCE_BATCH = 32
 LOAD_SLOPE = 0.47
@@ -165,9 +165,7 @@ def _marginals_from_mal(mal: float, n: int, where: str) -> tuple[float, ...]:
 def read_rows(path: str | Path | None = None) -> list[Row]:
     """Rows of a sweep table; ``None`` reads the AMD study's appendix shipped with specctl."""
     if path is None:
-        text = (
-            resources.files("controller.sim").joinpath("data").joinpath(DEFAULT_TABLE).read_text()
-        )
+        text = resources.files("specctl.sim").joinpath("data").joinpath(DEFAULT_TABLE).read_text()
         name = DEFAULT_TABLE
     else:
         text = Path(path).read_text()

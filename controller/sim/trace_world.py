@@ -1,10 +1,10 @@
 """Trace-driven simulation: a world that replays what a real engine recorded.
 
-The table-driven :class:`~controller.sim.engine.World` draws every round
+The table-driven :class:`~specctl.sim.engine.World` draws every round
 from the model the policies assume (independent acceptance per position,
 identical requests in a class, a smooth step cost with small Gaussian-like
 noise). :class:`TraceWorld` takes all three from a trace
-(:mod:`controller.trace.format`) instead:
+(:mod:`specctl.trace.format`) instead:
 
 - **Requests** replay their recorded rounds. A round recorded at position
   ``p`` (tokens committed so far) with ``d`` drafted and ``a`` accepted says
@@ -29,7 +29,7 @@ noise). :class:`TraceWorld` takes all three from a trace
   consecutive steps from the trace's own residuals, so heavy tails and short
   bursts of slow steps stay as recorded.
 - **Load** follows the trace's decode batch size (median per 50 steps), or a
-  scenario's own load phases (:class:`~controller.sim.scenario.LoadChange`).
+  scenario's own load phases (:class:`~specctl.sim.scenario.LoadChange`).
 
 What is approximate: a draft started inside a recorded round is taken to
 agree with the recorded draft's tail (exact for a deterministic drafter that
@@ -54,12 +54,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from controller.arms import arms_for
-from controller.sim.scenario import Event, LoadChange, Scenario
-from controller.sim.table import REFERENCE_BATCH, TargetModel
+from specctl.arms import arms_for
+from specctl.sim.scenario import Event, LoadChange, Scenario
+from specctl.sim.table import REFERENCE_BATCH, TargetModel
 
 if TYPE_CHECKING:
-    from controller.trace.format import Trace
+    from specctl.trace.format import Trace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -505,7 +505,7 @@ def trace_scenario(
 
 def trace_scenarios(sources: Sequence[str | Path], steps: int) -> list[TraceScenario]:
     """One scenario per source (a trace file, a directory of segments, or a packaged name)."""
-    from controller.trace.format import read_trace
+    from specctl.trace.format import read_trace
 
     if not sources:
         raise ValueError(

@@ -1,6 +1,6 @@
 """The trace format: one Parquet row per engine step, the step's requests nested in it.
 
-A trace is what one engine recorded (:mod:`controller.trace.writer`): a
+A trace is what one engine recorded (:mod:`specctl.trace.writer`): a
 directory of Parquet files, ``trace-<trace id>-<segment>.parquet``, each a
 complete table written under a temporary name and renamed into place. One row
 is one engine step; its ``requests`` column lists the requests that decoded
@@ -43,7 +43,7 @@ SUPPORTED_VERSIONS = frozenset({1})
 FILE_RE = re.compile(r"^trace-(?P<trace>[0-9a-f]{12})-(?P<segment>[0-9]{6})\.parquet$")
 STEP_CLOCKS = ("wall", "process_cpu")
 # Where traces shipped with specctl live, inside the installed package.
-PACKAGED_PACKAGE = "controller.sim"
+PACKAGED_PACKAGE = "specctl.sim"
 PACKAGED_PATH = ("data", "traces")
 
 IntArray = npt.NDArray[np.int64]

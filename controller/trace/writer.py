@@ -1,7 +1,7 @@
 """The engine's trace writer: every step's requests to Parquet, off the step path.
 
 With ``SPECCTL_TRACE_DIR`` set, the engine's client hands each captured step
-(:class:`controller.engine.recorder.RawStep`) to :meth:`TraceWriter.push`,
+(:class:`specctl.engine.recorder.RawStep`) to :meth:`TraceWriter.push`,
 which only appends it to a bounded deque (the oldest step is dropped, and
 counted, when it is full). The writer's own background thread turns steps
 into rows and writes them; it runs whether or not a sidecar is connected, so
@@ -38,11 +38,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from controller.api import pb
-from controller.engine.config import EngineConfig
-from controller.trace.format import REQUEST, TraceMeta, schema
+from specctl.api import pb
+from specctl.engine.config import EngineConfig
+from specctl.trace.format import REQUEST, TraceMeta, schema
 
-log = structlog.get_logger("controller.trace.writer")
+log = structlog.get_logger("specctl.trace.writer")
 
 FORGET_AFTER_STEPS = 8192
 _FORGET_EVERY_STEPS = 1024

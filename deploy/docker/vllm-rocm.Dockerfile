@@ -21,4 +21,4 @@ COPY --from=wheel /wheels /tmp/specctl-wheels
 RUN pip freeze | grep -iE '^(vllm|torch|triton|pytorch-triton-rocm)==' > /tmp/rocm-pins.txt \
     && pip install --no-cache-dir --constraint /tmp/rocm-pins.txt /tmp/specctl-wheels/*.whl \
     && rm -rf /tmp/specctl-wheels /tmp/rocm-pins.txt \
-    && python -c "import controller.engine.config, grpc, structlog"
+    && python -c "import specctl.engine.config, grpc, structlog"
