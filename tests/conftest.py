@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# The CPU engines' OpenMP threads sleep when idle instead of spinning: their CPU time (the
+# step clock of the convergence test, and its sweep) then measures work, not spin-waiting
+# that grows and shrinks with whatever else the machine runs. libgomp reads this when it is
+# loaded, so it is set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
