@@ -16,11 +16,13 @@ from deploy_support import (
     alert_names,
     load_rules,
 )
+from docs_support import anchors
 
 PROM_DIR = DEPLOY / "prometheus"
 RULES_TEST = PROM_DIR / "specctl.rules.test.yml"
 PROMETHEUS_RULE = DEPLOY / "k8s" / "base" / "prometheusrule.yaml"
 RENDER = PROM_DIR / "render.py"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +65,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 
 
 def test_every_alert_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
+    runbooks = anchors(RUNBOOKS)
     for rule in load_rules():
         if "alert" not in rule:
             continue
@@ -71,8 +73,23 @@ def test_every_alert_is_documented() -> None:
         annotations = rule.get("annotations", {})
         assert {"summary", "description", "runbook_url"} <= set(annotations), name
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
-        assert annotations["runbook_url"] == f"README.md#{name.lower()}", name
-        assert re.search(rf"^#### {name}$", readme, re.MULTILINE), f"no runbook for {name}"
+        assert annotations["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+        assert name.lower() in runbooks, f"no runbook for {name}"
+
+
+def test_every_runbook_url_lands_on_a_heading() -> None:
+    """The rules, their unit tests and the PrometheusRule all name runbooks by a path
+    from the repository root and a heading's anchor: both must exist."""
+    urls = [
+        (path.name, url)
+        for path in (RULES_FILE, RULES_TEST, PROMETHEUS_RULE)
+        for url in re.findall(r"runbook_url:\s*\"?([^\"\s]+)", path.read_text())
+    ]
+    assert len(urls) > len(alert_names()), "the files name fewer runbooks than there are alerts"
+    for source, url in urls:
+        path, _, anchor = url.partition("#")
+        assert (ROOT / path).is_file(), f"{source}: {url}: no file {path}"
+        assert anchor in anchors(ROOT / path), f"{source}: {url}: no heading #{anchor}"
 
 
 def test_prometheus_rule_is_generated_from_the_rules_file() -> None:
