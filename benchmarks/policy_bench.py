@@ -1,4 +1,4 @@
-"""The full-size policy benchmark behind the README's results tables.
+"""The full-size policy benchmark behind the results tables of docs/simulator.md.
 
     .venv/bin/python benchmarks/policy_bench.py [--out DIR] [--seed 0]
 
@@ -7,7 +7,7 @@ both as shipped and tuned in hindsight, and the oracle, no-speculation and
 best-static references): each target and drift
 and load-swing at 20,000 steps, the 100-class long tail at 10,000 steps with
 a report every 32 steps (the learning policies' cost grows with the number of
-classes). Writes DIR/<run>.json and DIR/plots/, then prints the README's
+classes). Writes DIR/<run>.json and DIR/plots/, then prints the results
 tables. Each run is seeded on its own, so runs can also go in parallel. CI
 runs the same code at a few hundred steps (tests/test_sim_bench.py).
 """

@@ -1,4 +1,4 @@
-"""Turn a `specctl bench --json` file into the README's Markdown results tables.
+"""Turn a `specctl bench --json` file into the Markdown results tables of docs/simulator.md.
 
 .venv/bin/python benchmarks/results_table.py benchmarks/results/bench.json
 

@@ -121,7 +121,7 @@ def test_bench_json_and_plots(tmp_path, capsys) -> None:
     assert "drift" in table and "oracle" in table
     assert "sglang-ema@tuned" in table and "tuned-in-hindsight" in table and "as-shipped" in table
 
-    # the README's results table has a column for each variant, shipped next to tuned
+    # the results table (docs/simulator.md) has a column for each variant, shipped next to tuned
     markdown = _results_table().tables(_results_table().merge([out]))
     header = next(line for line in markdown.splitlines() if line.startswith("| run | specctl"))
     columns = [c.strip() for c in header.strip("|").split("|")][1:]
