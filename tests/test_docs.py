@@ -3,6 +3,7 @@ on a heading; the anchor rule is GitHub's."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from docs_support import ROOT, Link, anchors, broken, links, slug
@@ -49,3 +50,35 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
     assert [link.target for link in found] == ["#twice-1", "missing.md", "page.md#nowhere"]
     assert [broken(link) is None for link in found] == [True, False, False]
     assert not Link(page, 1, "https://example.com/x.md").is_relative
+
+
+README = ROOT / "README.md"
+README_MAX_LINES = 300
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of a '## ' section, up to the next '## ' heading."""
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    assert len(README.read_text().splitlines()) <= README_MAX_LINES
+
+
+def test_the_readme_map_lists_every_folder_of_the_package() -> None:
+    """One line per folder of controller/ (a package: it has an __init__.py), no more."""
+    described = _section(README.read_text(), "The map of the code")
+    listed = set(re.findall(r"^- `controller/(\w+)/`", described, re.MULTILINE))
+    folders = {p.parent.name for p in (ROOT / "controller").glob("*/__init__.py")}
+    assert listed == folders
+    for folder in ("proto", "deploy", "tests", "benchmarks", "docs"):
+        assert re.search(rf"^- `{folder}/`", described, re.MULTILINE), folder
+        assert (ROOT / folder).is_dir(), folder
+
+
+def test_the_readme_indexes_every_page_of_docs() -> None:
+    index = _section(README.read_text(), "Documentation")
+    listed = {link.target for link in links(README) if f"]({link.target})" in index}
+    assert listed == {f"docs/{page.name}" for page in DOCS.glob("*.md")}
