@@ -11,7 +11,7 @@ from the per-bucket cost model (:mod:`specctl.policy.cost`), monotone in
 K; ``B_b`` is the bucket's typical batch size. It reads "if the whole batch at
 this load ran this arm", which is what a class alone in its batches gets;
 classes that share batches are compared on the batch's goodput instead (see
-:class:`_JointChoice`). ``off`` commits one token per request-round.
+:class:`~specctl.policy.joint.JointChoice`). ``off`` commits one token per request-round.
 
 Decision rule. The distribution pushed to engines is the posterior
 probability that each arm has the highest goodput: Thompson sampling's
@@ -96,6 +96,7 @@ from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
 from specctl.policy.acceptance import AcceptanceModel
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
+from specctl.policy.joint import MIN_STEP_TIME_S, JointChoice
 from specctl.policy.load import BucketLoad
 from specctl.policy.params import (
     DEFAULT_LOAD_BUCKET_BOUNDS,
@@ -107,13 +108,11 @@ from specctl.policy.params import (
 from specctl.policy.truncated import nonnegative_draws
 from specctl.steps import StepBatch
 
-_MIN_STEP_TIME_S = 1e-6
 # memory of a load bucket's class mix, per step in the bucket (about 100 steps)
 _MIX_DISCOUNT = 0.99
 # classes with at least this share of a bucket's requests are decided together
 _MIN_MIX_SHARE = 0.02
 _MAX_JOINT_CLASSES = 16
-_JOINT_SWEEPS = 3
 # a bucket's joint choice is worked out again after this many of its steps (or when its
 # classes change): it moves with the evidence, which a handful of steps barely moves
 _JOINT_REFRESH_STEPS = 16
@@ -621,7 +620,7 @@ class SpecctlPolicy(Policy):
             step_time[:, spec] = step_time[:, :1] + nonnegative_draws(extra @ theta_mean, sd, z)
         # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
         # posterior mean: the Gaussian posterior knows nothing of step times being positive
-        floor = np.maximum(features @ theta_mean / _MAX_SPEEDUP_OF_DRAW, _MIN_STEP_TIME_S)
+        floor = np.maximum(features @ theta_mean / _MAX_SPEEDUP_OF_DRAW, MIN_STEP_TIME_S)
         np.maximum(step_time, floor.astype(np.float32), out=step_time)
         # each draw's step time never decreases with K: a monotone envelope rather than
         # clipped coefficients, which would break the cancellations between correlated
@@ -710,7 +709,7 @@ class SpecctlPolicy(Policy):
         game, tokens = self._joint_game(bucket, members)
         self._profiles[bucket] = (key, steps, game.best(tokens))
 
-    def _joint_game(self, bucket: int, members: np.ndarray) -> tuple[_JointChoice, list]:
+    def _joint_game(self, bucket: int, members: np.ndarray) -> tuple[JointChoice, list]:
         batch_size, step_time, batch_wide = self._step_time_samples(bucket)
         off = step_time[:, 0].astype(np.float64)
         per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
@@ -718,7 +717,7 @@ class SpecctlPolicy(Policy):
         share = self._mix[bucket, members]
         count = batch_size * share / share.sum()
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
-        game = _JointChoice(
+        game = JointChoice(
             off,
             per_request,
             batch_wide.astype(np.float64),
@@ -1013,115 +1012,6 @@ class SpecctlPolicy(Policy):
             a for a in self._arms if a.is_off or self._slot_of_drafter(a.drafter) >= 0
         )
         self.set_arms(self._arms)
-
-
-class _JointChoice:
-    """Goodput of joint arm choices of the classes sharing a batch, per posterior draw.
-
-    Step time of a choice ``a`` (one arm per class, per draw)::
-
-        off + sum_c n_c * per_request[a_c] + sum_d max_{c runs d} wide[a_c]
-
-    with ``n_c`` the class's requests per step: verification and a drafter's
-    per-request cost add up over requests; a drafter's batch-wide passes are
-    paid once, at the largest K any class runs with it. Goodput is
-    ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
-    one arm this is the step time of the whole batch running it.
-
-    A choice is kept with what each class's arm contributes, updated as one
-    class moves, so one class's best response is a handful of array operations
-    over (draws, arms), whatever the number of classes.
-    """
-
-    def __init__(
-        self,
-        off: np.ndarray,
-        per_request: np.ndarray,
-        wide: np.ndarray,
-        chain: np.ndarray,
-        num_chains: int,
-        count: np.ndarray,
-        tokens: list[np.ndarray],
-        step_time: np.ndarray,
-    ) -> None:
-        n = off.shape[0]
-        self.step_time = step_time
-        self.off = off.astype(np.float32)
-        self.rows = np.arange(n)
-        # per class, (draws, arms): tokens and per-request time scaled by its requests
-        self.tokens = [(t * c).astype(np.float32) for t, c in zip(tokens, count, strict=True)]
-        self.per_request = [(per_request * c).astype(np.float32) for c in count]
-        # (chains, draws, arms): an arm's batch-wide time in its drafter's chain, else 0
-        chains = max(num_chains, 1)
-        self.wide = np.zeros((chains, n, chain.shape[0]), dtype=np.float32)
-        for j in range(chains):
-            own = chain == j
-            self.wide[j][:, own] = wide[:, own]
-        self.choice = np.zeros((n, len(tokens)), dtype=np.int64)
-        self.sel_tokens = np.zeros((len(tokens), n), dtype=np.float32)
-        self.sel_time = np.zeros((len(tokens), n), dtype=np.float32)
-        self.sel_wide = np.zeros((len(tokens), chains, n), dtype=np.float32)
-
-    def start(self, choice: np.ndarray) -> None:
-        """Make ``choice`` (draws x classes) the current one."""
-        self.choice = choice.copy()
-        for c in range(choice.shape[1]):
-            self._select(c)
-
-    def _select(self, c: int) -> None:
-        arm = self.choice[:, c]
-        self.sel_tokens[c] = self.tokens[c][self.rows, arm]
-        self.sel_time[c] = self.per_request[c][self.rows, arm]
-        self.sel_wide[c] = self.wide[:, self.rows, arm]
-
-    def response(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Goodput and step time for each arm of class c, the others as chosen."""
-        others = np.ones(self.sel_tokens.shape[0], dtype=bool)
-        others[c] = False
-        rest_tokens = self.sel_tokens[others].sum(axis=0)
-        rest_wide = self.sel_wide[others].max(axis=0)  # (chains, draws)
-        step = self.off + self.sel_time[others].sum(axis=0) + rest_wide.sum(axis=0)
-        # each arm of c: its own per-request time, and the batch-wide passes it adds
-        # beyond those the others already run
-        step = step[:, None] + self.per_request[c]
-        step += np.maximum(self.wide - rest_wide[:, :, None], 0.0).sum(axis=0)
-        goodput = (rest_tokens[:, None] + self.tokens[c]) / np.maximum(step, _MIN_STEP_TIME_S)
-        return goodput, step
-
-    def ascend(self, choice: np.ndarray) -> np.ndarray:
-        """Coordinate ascent from ``choice`` (draws x classes); returns the end point."""
-        self.start(choice)
-        for _ in range(_JOINT_SWEEPS):
-            moved = False
-            for c in range(self.choice.shape[1]):
-                goodput, _ = self.response(c)
-                best = np.argmax(goodput, axis=1)
-                # keep the current arm on ties, so the ascent ends
-                current = goodput[self.rows, self.choice[:, c]]
-                change = goodput[self.rows, best] > current * (1.0 + 1e-6)
-                if change.any():
-                    self.choice[change, c] = best[change]
-                    self._select(c)
-                    moved = True
-            if not moved:
-                break
-        return self.choice.copy()
-
-    def total(self, choice: np.ndarray) -> np.ndarray:
-        self.start(choice)
-        goodput, _ = self.response(0)
-        return goodput[self.rows, choice[:, 0]]
-
-    def best(self, tokens: list[np.ndarray]) -> np.ndarray:
-        """The best joint choice per draw (draws x classes): coordinate ascent from each
-        class's best were it the whole batch, and from every class ``off`` (where no one
-        class gains by stopping alone while another still drafts long), the better kept."""
-        alone = np.stack([np.argmax(t / self.step_time, axis=1) for t in tokens], axis=1)
-        best = self.ascend(alone)
-        from_off = self.ascend(np.zeros_like(alone))
-        better = self.total(from_off) > self.total(best)
-        best[better] = from_off[better]
-        return best
 
 
 def _pad(values: Sequence[int], width: int) -> list[int]:
