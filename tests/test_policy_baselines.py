@@ -16,6 +16,8 @@ from specctl.policy.registry import DEFAULT_POLICY, POLICIES, make_policy
 from specctl.policy.vllm_table import parse_table, table_k
 
 NGRAM = {"ngram": 8}
+LEARNING = sorted(name for name, cls in POLICIES.items() if not cls.stationary)
+BUCKETED = sorted(name for name, cls in POLICIES.items() if cls.uses_load_buckets)
 
 
 def offered(
@@ -28,7 +30,7 @@ def offered(
 
 @settings(max_examples=15, deadline=None)
 @given(
-    name=st.sampled_from(sorted(set(POLICIES) - {"static"})),
+    name=st.sampled_from(LEARNING),
     drafters=st.dictionaries(
         st.sampled_from(["ngram", "eagle3"]), st.integers(1, 6), min_size=0, max_size=2
     ),
@@ -65,7 +67,7 @@ def test_registry_has_every_policy_and_specctl_is_the_default() -> None:
         make_policy("nope")
 
 
-@pytest.mark.parametrize("name", sorted(set(POLICIES) - {"static"}))
+@pytest.mark.parametrize("name", BUCKETED)
 def test_the_callers_load_buckets_reach_every_bucketed_policy(name: str) -> None:
     policy = make_policy(name, {}, load_bucket_bounds=[4, 16, 64, 256])
     policy.set_arms(arms_for(NGRAM.items()))

@@ -56,7 +56,7 @@ def test_bench_json_and_plots(tmp_path, capsys) -> None:
     data = json.loads(out.read_text())
     assert data["scenario"] == "drift" and data["steps"] == STEPS and data["seed"] == 7
     policies = data["policies"]
-    shipped = {n for n in POLICIES if n != "static"}
+    shipped = {n for n, cls in POLICIES.items() if not cls.stationary}
     tuned = {f"{n}@tuned" for n in TUNABLE}
     assert set(policies) == shipped | tuned | REFERENCES
     for name, p in policies.items():

@@ -442,8 +442,8 @@ def _sidecar(w: _Where, raw: Any) -> tuple[tuple[int, ...] | None, dict[str, dic
     out: dict[str, dict[str, Any]] = {}
     for name, p in params.items():
         key = f"sidecar.params.{name}"
-        if name not in POLICIES or name == "static":
-            known = sorted(n for n in POLICIES if n != "static")
+        if name not in POLICIES or POLICIES[name].stationary:
+            known = sorted(n for n, cls in POLICIES.items() if not cls.stationary)
             raise w.error(key, f"unknown policy; known: {', '.join(known)}")
         p = _table(w, p, key)
         try:
@@ -573,10 +573,11 @@ def _bench(w: _Where, raw: Any, arms: Sequence[str]) -> BenchSpec:
 
 
 def learning_policies() -> list[str]:
-    """specctl first, then every peer the sidecar can run (all but ``static``)."""
+    """specctl first, then every peer the sidecar can run (all but the stationary ``static``)."""
     from specctl.policy.registry import POLICIES
 
-    return sorted((n for n in POLICIES if n != "static"), key=lambda n: (n != "specctl", n))
+    learning = (n for n, cls in POLICIES.items() if not cls.stationary)
+    return sorted(learning, key=lambda n: (n != "specctl", n))
 
 
 def policy_name_problem(name: str, arms: Sequence[str]) -> str | None:

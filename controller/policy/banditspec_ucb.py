@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -44,6 +44,10 @@ class BanditSpecUcbPolicy(IndependentArmsPolicy):
         self.config = config or UcbConfig()
         super().__init__(self.config.load_bucket_bounds, self.config.discount)
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(UcbConfig, params, cls.policy_name))
+
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         pulls, means = self.rewards.pulls_and_means((workload_class, load_bucket), self._arms)
         untried = np.flatnonzero(pulls == 0)
@@ -58,7 +62,3 @@ class BanditSpecUcbPolicy(IndependentArmsPolicy):
         best = int(np.argmax(index))
         arm = self._arms[best]
         return Decision.point(arm, f"ucb: {arm} index {index[best]:.3f}, {pulls[best]:.0f} pulls")
-
-
-def make_banditspec_ucb(params: Mapping[str, Any]) -> BanditSpecUcbPolicy:
-    return BanditSpecUcbPolicy(parse_config(UcbConfig, params, "banditspec-ucb"))

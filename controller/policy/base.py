@@ -5,13 +5,25 @@ A policy learns from logged feedback (``update_params`` with a validated
 class, load bucket), with a probability distribution over arms
 (``select_action``). Engines sample from that distribution themselves, so the
 propensity of every logged choice is exact.
+
+The contract, for every policy:
+
+- ``from_params(params)`` builds it from configuration's plain mapping (the
+  registry's only way to build one), refusing a bad parameter by name;
+- ``update_params`` is the only method that learns; ``select_action`` and
+  ``evidence`` are reads;
+- ``stationary`` says, on the class, whether its distributions stay the same
+  whatever it is shown (a fixed rule), which off-policy estimators that
+  assume one fixed policy need; ``uses_load_buckets`` whether its decisions
+  depend on the load bucket, so the caller's bucketing is handed to it.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -81,7 +93,20 @@ class Evidence:
 class Policy(abc.ABC):
     """A decision rule over the arms engines offer, per (class, load bucket)."""
 
-    policy_name: str = "policy"
+    policy_name: ClassVar[str] = "policy"
+    # the distributions do not depend on what the policy is shown (a fixed rule)
+    stationary: ClassVar[bool] = False
+    # decisions depend on the load bucket: the caller's bucket bounds are handed to it
+    uses_load_buckets: ClassVar[bool] = True
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        """Build from configuration's parameters; by default a policy takes none."""
+        if params:
+            raise ValueError(
+                f"{cls.policy_name} policy: unknown parameters {sorted(params)}; it takes none"
+            )
+        return cls()
 
     @abc.abstractmethod
     def set_arms(self, arms: Sequence[Arm]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -41,6 +41,10 @@ class EpsilonGreedyPolicy(IndependentArmsPolicy):
         self.config = config or EpsilonGreedyConfig()
         super().__init__(self.config.load_bucket_bounds, self.config.discount)
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(EpsilonGreedyConfig, params, cls.policy_name))
+
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         pulls, means = self.rewards.pulls_and_means((workload_class, load_bucket), self._arms)
         greedy = means == means.max()
@@ -56,7 +60,3 @@ class EpsilonGreedyPolicy(IndependentArmsPolicy):
             f"epsilon-greedy: {self._arms[best]} mean {means[best]:.1f} tok/s per request, "
             f"epsilon {eps:g}",
         )
-
-
-def make_epsilon_greedy(params: Mapping[str, Any]) -> EpsilonGreedyPolicy:
-    return EpsilonGreedyPolicy(parse_config(EpsilonGreedyConfig, params, "epsilon-greedy"))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -89,6 +89,10 @@ class SglangEmaPolicy(Policy):
         self._max_k = 0
         self._states: dict[tuple[str, int], _EmaState] = {}
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(SglangEmaConfig, params, cls.policy_name))
+
     def set_arms(self, arms: Sequence[Arm]) -> None:
         max_k = max_k_by_drafter(arms)
         if not self.config.drafter:
@@ -150,7 +154,3 @@ class SglangEmaPolicy(Policy):
     def reset_class(self, workload_class: str) -> None:
         for b in range(self.num_buckets):
             self._states.pop((workload_class, b), None)
-
-
-def make_sglang_ema(params: Mapping[str, Any]) -> SglangEmaPolicy:
-    return SglangEmaPolicy(parse_config(SglangEmaConfig, params, "sglang-ema"))

@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
 
-from specctl.arms import OFF, Arm
+from specctl.arms import OFF, Arm, ArmError, parse_arm
 from specctl.policy.base import Decision, Policy
+from specctl.policy.params import parse_config
 from specctl.steps import StepBatch
+
+
+@dataclass(frozen=True)
+class StaticConfig:
+    arm: str = ""
+
+    def __post_init__(self) -> None:
+        if self.arm == "":
+            raise ValueError("parameter 'arm' is required, e.g. arm='ngram/k=4'")
+        if not isinstance(self.arm, str):
+            raise ValueError(f"arm={self.arm!r} must be an arm name, e.g. 'ngram/k=4'")
+        try:
+            parse_arm(self.arm)
+        except ArmError as exc:
+            raise ValueError(f"arm: {exc}") from None
 
 
 class StaticPolicy(Policy):
     """Always ``arm`` (or ``off`` where the engines do not offer it)."""
 
     policy_name = "static"
+    stationary = True
+    uses_load_buckets = False
 
     def __init__(self, arm: Arm) -> None:
         self.arm = arm
         self._offered: frozenset[Arm] = frozenset({OFF, arm})
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_arm(parse_config(StaticConfig, params, cls.policy_name).arm))
 
     def set_arms(self, arms: Sequence[Arm]) -> None:
         self._offered = frozenset(arms)

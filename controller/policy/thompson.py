@@ -88,7 +88,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -291,6 +291,10 @@ class SpecctlPolicy(Policy):
         rho = _POSITION_CORRELATION
         self._z_acceptance = np.sqrt(rho) * common + np.sqrt(1.0 - rho) * self._z_acceptance
         self.set_arms([OFF])
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(SpecctlConfig, params, cls.policy_name))
 
     # -- arms and slots -------------------------------------------------------
 
@@ -1021,10 +1025,6 @@ def _pad(values: Sequence[int], width: int) -> list[int]:
 def _percent(p: float) -> str:
     text = f"{100.0 * p:.1f}".rstrip("0").rstrip(".")
     return f"{text}%"
-
-
-def make_specctl(params: Mapping[str, Any]) -> SpecctlPolicy:
-    return SpecctlPolicy(parse_config(SpecctlConfig, params, "specctl"))
 
 
 def tracking_bound_steps(discount: float, remaining: float = 0.1) -> float:

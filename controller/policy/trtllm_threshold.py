@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -78,6 +78,10 @@ class TrtllmThresholdPolicy(Policy):
         self._windows: dict[str, deque[int]] = {}
         self._disabled: dict[str, float] = {}
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(ThresholdConfig, params, cls.policy_name))
+
     def set_arms(self, arms: Sequence[Arm]) -> None:
         if not self.config.arm:
             max_k = max_k_by_drafter(arms)
@@ -124,7 +128,3 @@ class TrtllmThresholdPolicy(Policy):
     def reset_class(self, workload_class: str) -> None:
         self._disabled.pop(workload_class, None)
         self._windows.pop(workload_class, None)
-
-
-def make_trtllm_threshold(params: Mapping[str, Any]) -> TrtllmThresholdPolicy:
-    return TrtllmThresholdPolicy(parse_config(ThresholdConfig, params, "trtllm-threshold"))

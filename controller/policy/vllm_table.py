@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -104,6 +104,10 @@ class VllmBatchTablePolicy(Policy):
         self.drafter = self.config.drafter
         self._max_k = 0
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Self:
+        return cls(parse_config(BatchTableConfig, params, cls.policy_name))
+
     def set_arms(self, arms: Sequence[Arm]) -> None:
         max_k = max_k_by_drafter(arms)
         if not self.config.drafter:
@@ -120,7 +124,3 @@ class VllmBatchTablePolicy(Policy):
         if k == 0:
             return Decision.point(OFF, why)
         return Decision.point(Arm(self.drafter, k), why)
-
-
-def make_vllm_batch_table(params: Mapping[str, Any]) -> VllmBatchTablePolicy:
-    return VllmBatchTablePolicy(parse_config(BatchTableConfig, params, "vllm-batch-table"))

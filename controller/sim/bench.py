@@ -74,7 +74,8 @@ def default_policies() -> list[str]:
     """specctl first, then every other registered policy as shipped, each tunable peer
     followed by its ``@tuned`` variant, then the references."""
     names: list[str] = []
-    for n in sorted((n for n in POLICIES if n != "static"), key=lambda n: (n != "specctl", n)):
+    learning = (n for n, cls in POLICIES.items() if not cls.stationary)
+    for n in sorted(learning, key=lambda n: (n != "specctl", n)):
         names.append(n)
         if n in TUNABLE:
             names.append(n + TUNED_SUFFIX)
@@ -105,7 +106,7 @@ def check_policy_name(name: str) -> None:
         parse_arm(name.removeprefix("static:"))  # ArmError is a ValueError
         return
     base = base_policy(name)
-    if base not in POLICIES or base == "static":
+    if base not in POLICIES or POLICIES[base].stationary:
         known = [*default_policies(), "static:<arm>"]
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(known)}")
     if name.endswith(TUNED_SUFFIX) and base not in TUNABLE:
