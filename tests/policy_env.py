@@ -36,6 +36,8 @@ class SyntheticEnv:
     seed: int = 0
     rng: np.random.Generator = field(init=False)
     steps: int = field(default=0, init=False)
+    # every report handed to a policy, in order
+    batches: list[StepBatch] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -132,4 +134,5 @@ class SyntheticEnv:
             num_load_buckets=len(BOUNDS) + 1,
         )
         policy.update_params(batch)
+        self.batches.append(batch)
         return batch

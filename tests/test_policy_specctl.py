@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -387,6 +388,48 @@ def test_state_dict_round_trips_through_an_npz_file(tmp_path: object) -> None:
 
     with pytest.raises(ValueError, match="max_classes"):
         specctl(max_classes=3).load_state_dict(state)
+
+
+def test_a_restored_policy_weighs_the_next_slow_step_as_the_saved_one_does() -> None:
+    """The step-cost fit that residuals are weighed against and the change detector are
+    learned too: restored, the policy treats the next preempted step exactly as before."""
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7}, noise_s=0.001)
+    for _ in range(60):
+        env.run_step(policy, "chat", 0, 16)
+    restored = specctl()
+    restored.load_state_dict(policy.state_dict())
+    last = env.batches[-1]
+    preempted = dataclasses.replace(last, step_time_s=last.step_time_s * 5.0)
+    for p in (policy, restored):
+        p.update_params(preempted)
+    assert policy.cost.outliers[0] >= 1.0
+    after = restored.state_dict()
+    for key, value in policy.state_dict().items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def test_a_state_saved_before_states_had_versions_still_loads() -> None:
+    """Without ``state_version``, the keys added with it keep their prior: decisions, which
+    rest on the counts and the cost statistics, come back the same."""
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7})
+    for i in range(40):
+        env.run_step(policy, ("chat", "code")[i % 2], i % 4, 32)
+    added = {
+        *("state_version", "rows_untracked", "class_update_clock", "acceptance_changes"),
+        *("cost_fit", "cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
+        "cost_outliers",
+    }
+    old = {k: v for k, v in policy.state_dict().items() if k not in added}
+    restored = specctl()
+    restored.load_state_dict(old)
+    for name, bucket in itertools.product(("chat", "code"), range(4)):
+        a, b = policy.select_action(name, bucket), restored.select_action(name, bucket)
+        np.testing.assert_array_equal(a.probabilities, b.probabilities)
+    assert not restored.cost.fitted.any()
+    with pytest.raises(ValueError, match="'acceptance_changes' is missing"):
+        restored.load_state_dict({**old, "state_version": 1})
 
 
 def test_parameters_are_validated_with_clear_errors() -> None:

@@ -8,7 +8,7 @@ policy first wherever the gap exceeds the intervals' width.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -27,6 +27,7 @@ from replay_support import (
 
 from specctl.arms import Arm, parse_arm
 from specctl.policy.base import Decision, Policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.replay.candidates import Candidate, parse_policy_spec
 from specctl.replay.data import LoggedRounds, prepare
 from specctl.replay.estimators import (
@@ -199,6 +200,30 @@ class EpsilonGreedy(Policy):
         p = np.full(len(self.arms), self.epsilon / len(self.arms))
         p[self.arms.index(best)] += 1.0 - self.epsilon
         return Decision(self.arms, p, "epsilon-greedy")
+
+    def state_dict(self) -> PolicyState:
+        keys = list(self.tokens)
+        return {
+            **state_header(self.policy_name, self.state_version),
+            "classes": np.array([c for c, _, _ in keys], dtype=np.str_),
+            "buckets": np.array([b for _, b, _ in keys], dtype=np.int64),
+            "arms": np.array([a.name for _, _, a in keys], dtype=np.str_),
+            "tokens": np.array([self.tokens[k] for k in keys]),
+            "seconds": np.array([self.seconds[k] for k in keys]),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        reader = StateReader(state, self.policy_name, self.state_version)
+        arms = reader.arms("arms")
+        n = len(arms)
+        keys = [
+            (c, b, a)
+            for c, b, a in zip(
+                reader.strings("classes", n), reader.array("buckets", (n,), "i"), arms, strict=True
+            )
+        ]
+        self.tokens = dict(zip(keys, reader.array("tokens", (n,)).tolist(), strict=True))
+        self.seconds = dict(zip(keys, reader.array("seconds", (n,)).tolist(), strict=True))
 
 
 def test_rejection_replay_matches_an_adaptive_policy_run_online() -> None:

@@ -13,7 +13,7 @@ weighted estimators' intervals, while goodput is held to within 10%.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ import pytest
 from specctl.arms import Arm, parse_arm
 from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter, read_decision_log
 from specctl.policy.base import Decision, Policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.policy.static import StaticPolicy
 from specctl.replay.candidates import parse_policy_spec
 from specctl.replay.data import prepare
@@ -49,6 +50,12 @@ class UniformLogging(Policy):
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         return Decision(self.arms, np.full(len(self.arms), 1.0 / len(self.arms)), "uniform")
+
+    def state_dict(self) -> PolicyState:
+        return state_header(self.policy_name, self.state_version)
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        StateReader(state, self.policy_name, self.state_version)
 
 
 def _run(

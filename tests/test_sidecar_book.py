@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from hypothesis import given, settings
@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from specctl.arms import OFF, Arm, parse_arm
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.registry import make_policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
@@ -45,6 +46,12 @@ class SettablePolicy(Policy):
             for i, (a, p) in enumerate(self.distribution.items())
         )
         return Evidence(workload_class, load_bucket, estimates, rounds=42.0)
+
+    def state_dict(self) -> PolicyState:
+        return state_header(self.policy_name, self.state_version)
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        StateReader(state, self.policy_name, self.state_version)
 
 
 def _batch(rows: Sequence[tuple[str, str, int, int]], bucket: int = 0, seq: int = 1) -> StepBatch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -18,6 +18,7 @@ from specctl.arms import OFF, Arm, parse_arm
 from specctl.cli import main
 from specctl.policy.base import Decision, Policy
 from specctl.policy.registry import make_policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import load_config
 from specctl.sidecar.metrics import SidecarMetrics
@@ -197,6 +198,12 @@ class SettablePolicy(Policy):
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         return _d(self.distribution)
 
+    def state_dict(self) -> PolicyState:
+        return state_header(self.policy_name, self.state_version)
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        StateReader(state, self.policy_name, self.state_version)
+
 
 def _batch(workload_class: str = "chat", seq: int = 1, accepted: int = 3) -> StepBatch:
     step = StepRecord(
@@ -375,6 +382,17 @@ class FollowsLastReport(Policy):
         if self.speculate:
             return _d({"off": 0.1, "ngram/k=4": 0.9})
         return _d({"off": 0.9, "ngram/k=4": 0.1})
+
+    def state_dict(self) -> PolicyState:
+        return {
+            **state_header(self.policy_name, self.state_version),
+            "speculate": float(self.speculate),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        self.speculate = bool(
+            StateReader(state, self.policy_name, self.state_version).number("speculate")
+        )
 
 
 @pytest.fixture

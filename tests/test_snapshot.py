@@ -75,7 +75,7 @@ def batches(n: int, *, engine: str = "engine-1", seed: int = 0) -> list[StepBatc
 
 
 def assert_same_state(a: PolicyBook, b: PolicyBook) -> None:
-    sa, sb = a.policy.state_dict(), b.policy.state_dict()  # type: ignore[attr-defined]
+    sa, sb = a.policy.state_dict(), b.policy.state_dict()
     assert sa.keys() == sb.keys()
     for key in sa:
         if key == "cost_noise_var":
@@ -187,8 +187,8 @@ def test_a_state_that_does_not_fit_is_not_half_loaded() -> None:
     prior = make_book(max_classes=8)
     prior.offer(OFFERED)
     assert np.array_equal(
-        other.policy.state_dict()["acceptance_counts"],  # type: ignore[attr-defined]
-        prior.policy.state_dict()["acceptance_counts"],  # type: ignore[attr-defined]
+        other.policy.state_dict()["acceptance_counts"],
+        prior.policy.state_dict()["acceptance_counts"],
     )
     # what the book itself keeps comes back regardless
     assert set(other.classes) >= set(CLASSES)
@@ -272,8 +272,8 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
         one_by_one.ingest(batch)
     for i in range(0, len(reports), 6):
         together.ingest_many([(b, None) for b in reports[i : i + 6]])
-    sa = one_by_one.policy.state_dict()  # type: ignore[attr-defined]
-    sb = together.policy.state_dict()  # type: ignore[attr-defined]
+    sa = one_by_one.policy.state_dict()
+    sb = together.policy.state_dict()
     for key in ("acceptance_counts", "acceptance_rounds", "cost_xtx", "cost_xty", "load_steps"):
         np.testing.assert_allclose(sa[key], sb[key], rtol=1e-9, atol=1e-9, err_msg=key)
     assert set(one_by_one.classes) == set(together.classes)

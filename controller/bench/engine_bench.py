@@ -274,14 +274,10 @@ class EngineBench:
         assert self._sidecar is not None
         sidecar = self._sidecar
         if run.learning:
-            from specctl.policy.registry import make_policy
-
             state_dir = None
-            fresh = False
             if self.workload.bench.carry_state and self._state_root is not None:
                 state_dir = self._state_root / run.name
-                fresh = not hasattr(make_policy(run.name, dict(run.params)), "state_dict")
-            sidecar.start(run.name, run.params, state_dir=state_dir, fresh_from_log=fresh)
+            sidecar.start(run.name, run.params, state_dir=state_dir)
             self._sidecar_mode = run.name
         else:
             if self._sidecar_mode != REFERENCE_SIDECAR:

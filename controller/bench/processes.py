@@ -363,8 +363,7 @@ class SidecarProcess:
 
     Each start may name a state directory: a learning policy's sidecar then
     snapshots what it learned and keeps its decision log there, and its next
-    start restores it (for a policy without a ``state_dict``, from the whole
-    decision log), so the policy carries its learning from one of its
+    start restores it, so the policy carries its learning from one of its
     segments to the next.
     """
 
@@ -396,11 +395,9 @@ class SidecarProcess:
         policy: str,
         params: Mapping[str, Any] | None = None,
         state_dir: Path | None = None,
-        fresh_from_log: bool = False,
     ) -> None:
         """Start ``specctl serve --policy`` with ``params``; with ``state_dir``, restore
-        and keep its state there. ``fresh_from_log`` drops the snapshot first, so the
-        state is rebuilt from the whole decision log (policies without a state_dict)."""
+        and keep its state there."""
         self.stop()
         self.starts += 1
         self.policy = policy
@@ -420,10 +417,6 @@ class SidecarProcess:
         lines += ["[log]", 'format = "json"']
         if state_dir is not None:
             state_dir.mkdir(parents=True, exist_ok=True)
-            if fresh_from_log:
-                from specctl.sidecar.snapshot import SNAPSHOT_NAME
-
-                (state_dir / SNAPSHOT_NAME).unlink(missing_ok=True)
             lines += [
                 "[state]",
                 f"dir = {toml_value(str(state_dir))}",

@@ -85,6 +85,16 @@ class AcceptanceModel:
         # all request-rounds of the class, speculative or not (for cold start)
         self.rounds = np.zeros(num_classes)
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything learned, by its key in a policy's state: the live arrays, not copies."""
+        return {
+            "acceptance_counts": self.counts,
+            "acceptance_rounds": self.rounds,
+            "acceptance_recent": self.recent,
+            "acceptance_arm_stats": self.arm_stats,
+            "acceptance_changes": self.changes,
+        }
+
     @property
     def success(self) -> np.ndarray:
         return self.counts[:, :, 0, :]

@@ -12,6 +12,10 @@ The contract, for every policy:
   registry's only way to build one), refusing a bad parameter by name;
 - ``update_params`` is the only method that learns; ``select_action`` and
   ``evidence`` are reads;
+- ``state_dict()`` holds everything it learned, as plain values headed by its
+  name and ``state_version`` (:mod:`specctl.policy.state`), and
+  ``load_state_dict()`` restores it whole or raises ValueError naming what
+  does not fit, so a restored policy decides as the saved one did;
 - ``stationary`` says, on the class, whether its distributions stay the same
   whatever it is shown (a fixed rule), which off-policy estimators that
   assume one fixed policy need; ``uses_load_buckets`` whether its decisions
@@ -29,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specctl.arms import Arm
+from specctl.policy.state import PolicyState, StateValue
 from specctl.steps import StepBatch
 
 
@@ -98,6 +103,8 @@ class Policy(abc.ABC):
     stationary: ClassVar[bool] = False
     # decisions depend on the load bucket: the caller's bucket bounds are handed to it
     uses_load_buckets: ClassVar[bool] = True
+    # the layout of state_dict(); a change to it comes with a new version
+    state_version: ClassVar[int] = 1
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Self:
@@ -119,6 +126,15 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         """The distribution to run in this context from the next step."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> PolicyState:
+        """Everything learned, as plain values (see :mod:`specctl.policy.state`)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        """Restore :meth:`state_dict` output saved under the same configuration; ValueError
+        naming what does not fit, and then nothing is loaded."""
 
     def evidence(self, workload_class: str, load_bucket: int) -> Evidence:
         """What the decision rests on; by default only the decision's explanation."""

@@ -163,6 +163,22 @@ class CostModel:
         self.changes = np.zeros(num_buckets, dtype=np.int64)
         self.outliers = np.zeros(num_buckets)
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything learned, by its key in a policy's state: the live arrays, not copies."""
+        return {
+            "cost_xtx": self.xtx,
+            "cost_xty": self.xty,
+            "cost_yy": self.yy,
+            "cost_steps": self.steps,
+            "cost_noise_var": self.noise_var,
+            "cost_fit": self.fit,
+            "cost_fit_factor": self.fit_factor,
+            "cost_fitted": self.fitted,
+            "cost_cusum": self.cusum,
+            "cost_changes": self.changes,
+            "cost_outliers": self.outliers,
+        }
+
     def step_features(
         self,
         tokens: np.ndarray,

@@ -71,6 +71,14 @@ class BucketLoad:
         """Mean tokens per step that are not decode tokens (prefill chunks)."""
         return float(self.extra_tokens_sum[bucket] / (self.steps[bucket] + self.PRIOR_STEPS))
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Everything learned, by its key in a policy's state: the live arrays, not copies."""
+        return {
+            "load_steps": self.steps,
+            "load_batch_sum": self.batch_sum,
+            "load_extra_tokens_sum": self.extra_tokens_sum,
+        }
+
     def reset(self) -> None:
         self.steps[:] = 0.0
         self.batch_sum[:] = 0.0

@@ -9,12 +9,13 @@ observation is the mean over the rows that ran the arm in one step, so a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from specctl.arms import OFF, Arm
 from specctl.policy.base import Policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.steps import StepBatch
 
 
@@ -91,6 +92,37 @@ class ArmRewards:
         for b in range(self.num_buckets):
             self.stats.pop((workload_class, b), None)
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The arms in index order and, per context, its table (contexts x 2 x arms)."""
+        contexts = sorted(self.stats)
+        tables = np.zeros((len(contexts), 2, len(self.arm_index)))
+        for i, context in enumerate(contexts):
+            table = self.stats[context]
+            tables[i, :, : table.shape[1]] = table
+        return {
+            "reward_arms": np.array([a.name for a in self.arm_index], dtype=np.str_),
+            "reward_classes": np.array([c for c, _ in contexts], dtype=np.str_),
+            "reward_buckets": np.array([b for _, b in contexts], dtype=np.int64),
+            "reward_tables": tables,
+        }
+
+    def read_state(
+        self, reader: StateReader
+    ) -> tuple[dict[Arm, int], dict[tuple[str, int], np.ndarray]]:
+        """Arm indices and tables from a saved state, checked; nothing is loaded yet."""
+        arms = reader.arms("reward_arms")
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"{reader.policy_name} state: 'reward_arms' repeats an arm")
+        contexts = reader.contexts("reward_classes", "reward_buckets", self.num_buckets)
+        tables = reader.array("reward_tables", (len(contexts), 2, len(arms)))
+        if (tables[:, 0] < 0).any():
+            raise ValueError(f"{reader.policy_name} state: 'reward_tables' has negative pulls")
+        return {a: i for i, a in enumerate(arms)}, dict(zip(contexts, tables, strict=True))
+
+    def load_state(self, state: tuple[dict[Arm, int], dict[tuple[str, int], np.ndarray]]) -> None:
+        """Load what :meth:`read_state` returned."""
+        self.arm_index, self.stats = state
+
 
 class IndependentArmsPolicy(Policy):
     """What UCB and epsilon-greedy share: a goodput mean per offered arm and context."""
@@ -108,3 +140,10 @@ class IndependentArmsPolicy(Policy):
 
     def reset_class(self, workload_class: str) -> None:
         self.rewards.reset_class(workload_class)
+
+    def state_dict(self) -> PolicyState:
+        return {**state_header(self.policy_name, self.state_version), **self.rewards.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        reader = StateReader(state, self.policy_name, self.state_version)
+        self.rewards.load_state(self.rewards.read_state(reader))

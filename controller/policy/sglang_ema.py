@@ -32,6 +32,7 @@ from specctl.policy.params import (
     parse_config,
     real,
 )
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.steps import StepBatch
 
 
@@ -154,3 +155,36 @@ class SglangEmaPolicy(Policy):
     def reset_class(self, workload_class: str) -> None:
         for b in range(self.num_buckets):
             self._states.pop((workload_class, b), None)
+
+    def state_dict(self) -> PolicyState:
+        """Per context: its number of steps, EMA and batches seen."""
+        contexts = sorted(self._states)
+        states = [self._states[c] for c in contexts]
+        return {
+            **state_header(self.policy_name, self.state_version),
+            "classes": np.array([c for c, _ in contexts], dtype=np.str_),
+            "buckets": np.array([b for _, b in contexts], dtype=np.int64),
+            "steps": np.array([s.steps for s in states], dtype=np.int64),
+            "ema": np.array([s.ema for s in states], dtype=np.float64),
+            "batches": np.array([s.batches for s in states], dtype=np.int64),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        reader = StateReader(state, self.policy_name, self.state_version)
+        contexts = reader.contexts("classes", "buckets", self.num_buckets)
+        n = len(contexts)
+        steps = reader.array("steps", (n,), "i").tolist()
+        ema = reader.array("ema", (n,)).tolist()
+        batches = reader.array("batches", (n,), "i").tolist()
+        unknown = sorted(set(steps) - set(self.config.candidate_steps))
+        if unknown:
+            raise ValueError(
+                f"{self.policy_name} state: 'steps' has {unknown}, not among candidate_steps="
+                f"{list(self.config.candidate_steps)}"
+            )
+        if any(b < 0 for b in batches):
+            raise ValueError(f"{self.policy_name} state: 'batches' has negative counts")
+        self._states = {
+            context: _EmaState(steps=k, ema=e, batches=m)
+            for context, k, e, m in zip(contexts, steps, ema, batches, strict=True)
+        }

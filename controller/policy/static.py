@@ -9,6 +9,7 @@ from typing import Any, Self
 from specctl.arms import OFF, Arm, ArmError, parse_arm
 from specctl.policy.base import Decision, Policy
 from specctl.policy.params import parse_config
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.steps import StepBatch
 
 
@@ -52,3 +53,10 @@ class StaticPolicy(Policy):
         if self.arm in self._offered:
             return Decision.point(self.arm, f"static {self.arm}")
         return Decision.point(OFF, f"static {self.arm} not offered: off")
+
+    def state_dict(self) -> PolicyState:
+        """Nothing is learned: the header alone."""
+        return state_header(self.policy_name, self.state_version)
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        StateReader(state, self.policy_name, self.state_version)

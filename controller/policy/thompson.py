@@ -105,6 +105,14 @@ from specctl.policy.params import (
     parse_config,
     real,
 )
+from specctl.policy.state import (
+    PolicyState,
+    StateReader,
+    StateValue,
+    assign_arrays,
+    copy_arrays,
+    state_header,
+)
 from specctl.policy.truncated import nonnegative_draws
 from specctl.steps import StepBatch
 
@@ -249,7 +257,9 @@ class SpecctlPolicy(Policy):
         # classes -> slots in the acceptance arrays; least recently updated is evicted
         self._class_slot: dict[str, int] = {}
         self._slot_class: list[str | None] = [None] * cfg.max_classes
+        # when each class slot was last updated, on a clock that counts updates
         self._last_update = np.zeros(cfg.max_classes, dtype=np.int64)
+        self._clock = 0
         self._drafter_slot: dict[str, int] = {}
         self.classes_evicted = 0
         self.rows_untracked = 0
@@ -377,7 +387,7 @@ class SpecctlPolicy(Policy):
             self.classes_evicted += 1
         self._class_slot[name] = slot
         self._slot_class[slot] = name
-        self._last_update[slot] = self._next_tick()
+        self._last_update[slot] = self._next_stamp()
         return slot
 
     def _forget(self, name: str) -> None:
@@ -395,6 +405,10 @@ class SpecctlPolicy(Policy):
     def _next_tick(self) -> int:
         self._tick += 1
         return self._tick
+
+    def _next_stamp(self) -> int:
+        self._clock += 1
+        return self._clock
 
     def _prior_arm_index(self) -> int | None:
         prior = self.prior_arm
@@ -419,6 +433,7 @@ class SpecctlPolicy(Policy):
         step_k: np.ndarray = np.zeros((s, nd))
         decode_tokens: np.ndarray = np.zeros(s)
         tick = self._next_tick()
+        stamp = self._next_stamp()
         if batch.num_rows:
             class_slots = np.array([self._slot_of_class(c) for c in batch.classes], dtype=np.int64)
             # the report's drafters, and each arm's index among them (off: its own entry)
@@ -440,7 +455,7 @@ class SpecctlPolicy(Policy):
                 batch.request_step,
             )
             self._class_version[class_slots] = tick
-            self._last_update[class_slots] = tick
+            self._last_update[class_slots] = stamp
             decode_tokens = np.bincount(
                 batch.request_step, weights=batch.drafted + 1.0, minlength=s
             )
@@ -856,36 +871,32 @@ class SpecctlPolicy(Policy):
 
     # -- persistence ----------------------------------------------------------
 
-    def state_dict(self) -> dict[str, np.ndarray | str | float]:
-        """Everything learned, as plain arrays (no pickling); the config is not included."""
+    def _state_arrays(self) -> dict[str, np.ndarray]:
+        """The learned arrays by state key: the live arrays, not copies."""
         return {
-            "policy_name": self.policy_name,
+            **self.acceptance.state_arrays(),
+            **self.cost.state_arrays(),
+            **self.load.state_arrays(),
+            "class_last_update": self._last_update,
+            "class_mix": self._mix,
+            "class_mix_steps": self._mix_steps,
+            "bucket_steps": self._bucket_steps,
+        }
+
+    def state_dict(self) -> PolicyState:
+        """Everything learned, as plain arrays (no pickling); the config is not included."""
+        switched_off = sorted(self._switched_off)
+        return {
+            **state_header(self.policy_name, self.state_version),
+            **copy_arrays(self._state_arrays()),
             "classes": np.array([c or "" for c in self._slot_class], dtype=np.str_),
-            "class_last_update": self._last_update.copy(),
             "drafters": np.array(list(self._drafter_slot), dtype=np.str_),
-            "acceptance_counts": self.acceptance.counts.copy(),
-            "acceptance_rounds": self.acceptance.rounds.copy(),
-            "acceptance_recent": self.acceptance.recent.copy(),
-            "acceptance_arm_stats": self.acceptance.arm_stats.copy(),
-            "cost_xtx": self.cost.xtx.copy(),
-            "cost_xty": self.cost.xty.copy(),
-            "cost_yy": self.cost.yy.copy(),
-            "cost_steps": self.cost.steps.copy(),
-            "cost_noise_var": self.cost.noise_var.copy(),
-            "load_steps": self.load.steps.copy(),
-            "load_batch_sum": self.load.batch_sum.copy(),
-            "load_extra_tokens_sum": self.load.extra_tokens_sum.copy(),
-            "class_mix": self._mix.copy(),
-            "class_mix_steps": self._mix_steps.copy(),
-            "bucket_steps": self._bucket_steps.copy(),
             **self._profiles_state(),
-            "switched_off_classes": np.array(
-                [c for c, _ in sorted(self._switched_off)], dtype=np.str_
-            ),
-            "switched_off_buckets": np.array(
-                [b for _, b in sorted(self._switched_off)], dtype=np.int64
-            ),
+            "switched_off_classes": np.array([c for c, _ in switched_off], dtype=np.str_),
+            "switched_off_buckets": np.array([b for _, b in switched_off], dtype=np.int64),
             "classes_evicted": float(self.classes_evicted),
+            "rows_untracked": self.rows_untracked,
+            "class_update_clock": self._clock,
         }
 
     def _profiles_state(self) -> dict[str, np.ndarray]:
@@ -910,105 +921,86 @@ class SpecctlPolicy(Policy):
         }
 
     def _profiles_from_state(
-        self, state: Mapping[str, np.ndarray | str | float]
+        self, reader: StateReader
     ) -> dict[int, tuple[tuple[Any, ...], int, np.ndarray]]:
-        """Joint choices from :meth:`_profiles_state`; none from a state without them or
-        saved with another number of draws (they are worked out again at the next update)."""
-        if "joint_choice" not in state:
+        """Joint choices from :meth:`_profiles_state`; none from an unversioned state without
+        them or one saved with another number of draws (worked out at the next update)."""
+        if reader.unversioned and not reader.has("joint_choice"):
             return {}
-        choice = np.asarray(state["joint_choice"])
-        if choice.ndim != 3 or choice.shape[1:] != (self.config.num_samples, _MAX_JOINT_CLASSES):
+        width = _MAX_JOINT_CLASSES
+        buckets = reader.array("joint_buckets", (None,), "i").tolist()
+        m = len(buckets)
+        choice = reader.array("joint_choice", (m, None, width), "i")
+        arms = reader.strings("joint_arms", m)
+        members = reader.array("joint_members", (m, width), "i")
+        steps = reader.array("joint_steps", (m,), "i").tolist()
+        if choice.shape[1] != self.config.num_samples:
             return {}
         out: dict[int, tuple[tuple[Any, ...], int, np.ndarray]] = {}
-        for i, (b, arms, members, steps) in enumerate(
-            zip(
-                np.asarray(state["joint_buckets"]).tolist(),
-                np.asarray(state["joint_arms"]).tolist(),
-                np.asarray(state["joint_members"]).tolist(),
-                np.asarray(state["joint_steps"]).tolist(),
-                strict=True,
-            )
-        ):
-            slots = tuple(int(m) for m in members if m >= 0)
-            if not 0 <= int(b) < self.num_buckets:
-                continue
-            key = (tuple(str(arms).split("|")), slots)
-            out[int(b)] = (key, int(steps), choice[i, :, : len(slots)].astype(np.int64))
+        for i, b in enumerate(buckets):
+            slots = tuple(int(m) for m in members[i] if m >= 0)
+            names = tuple(arms[i].split("|"))
+            chosen = choice[i, :, : len(slots)]
+            if not 0 <= b < self.num_buckets or b in out:
+                raise ValueError(f"specctl state: 'joint_buckets' has {b} twice or out of range")
+            if (
+                any(s >= self.config.max_classes for s in slots)
+                or chosen.min(initial=0) < 0
+                or chosen.max(initial=0) >= len(names)
+            ):
+                raise ValueError(f"specctl state: the joint choice of bucket {b} is malformed")
+            out[b] = ((names, slots), steps[i], chosen.astype(np.int64))
         return out
 
-    def load_state_dict(self, state: Mapping[str, np.ndarray | str | float]) -> None:
-        """Restore :meth:`state_dict` output saved under the same config."""
-        if state.get("policy_name") != self.policy_name:
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        """Restore :meth:`state_dict` output saved under the same config (or an unversioned
+        one, saved before states had versions, whose missing keys keep their prior)."""
+        reader = StateReader(state, self.policy_name, self.state_version, allow_unversioned=True)
+        cfg = self.config
+        classes = reader.strings("classes")
+        if len(classes) != cfg.max_classes:
             raise ValueError(
-                f"state is for policy {state.get('policy_name')!r}, not {self.policy_name!r}"
+                f"state has {len(classes)} class slots; this policy has max_classes="
+                f"{cfg.max_classes}"
             )
-        arrays = {
-            "acceptance_counts": self.acceptance.counts,
-            "acceptance_rounds": self.acceptance.rounds,
-            "acceptance_recent": self.acceptance.recent,
-            "acceptance_arm_stats": self.acceptance.arm_stats,
-            "class_last_update": self._last_update,
-            "cost_xtx": self.cost.xtx,
-            "cost_xty": self.cost.xty,
-            "cost_yy": self.cost.yy,
-            "cost_steps": self.cost.steps,
-            "cost_noise_var": self.cost.noise_var,
-            "load_steps": self.load.steps,
-            "load_batch_sum": self.load.batch_sum,
-            "load_extra_tokens_sum": self.load.extra_tokens_sum,
-            "class_mix": self._mix,
-            "class_mix_steps": self._mix_steps,
-            "bucket_steps": self._bucket_steps,
+        drafters = reader.strings("drafters")
+        if len(drafters) > cfg.max_drafters:
+            raise ValueError(f"state has {len(drafters)} drafters; max_drafters={cfg.max_drafters}")
+        targets = self._state_arrays()
+        # what an unversioned state may lack: the prior
+        prior = {
+            key: np.zeros_like(targets[key])
+            for key in (
+                *("acceptance_recent", "acceptance_arm_stats", "acceptance_changes"),
+                *("class_mix", "class_mix_steps", "bucket_steps"),
+                *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
+                "cost_outliers",
+            )
         }
-        classes = np.asarray(state["classes"])
-        drafters = [str(d) for d in np.asarray(state["drafters"]).ravel()]
-        if classes.shape != (self.config.max_classes,):
-            raise ValueError(
-                f"state has {classes.shape} class slots; this policy has max_classes="
-                f"{self.config.max_classes}"
-            )
-        if len(drafters) > self.config.max_drafters:
-            raise ValueError(
-                f"state has {len(drafters)} drafters; max_drafters={self.config.max_drafters}"
-            )
-        # keys a state saved before the recent window and per-arm statistics lacks
-        optional = (
-            "acceptance_recent",
-            "acceptance_arm_stats",
-            "class_mix",
-            "class_mix_steps",
-            "bucket_steps",
+        prior["cost_fit"] = np.broadcast_to(self.cost.prior_mean, self.cost.fit.shape)
+        values = reader.arrays_like(targets, prior)
+        switched_off = reader.contexts(
+            "switched_off_classes", "switched_off_buckets", self.num_buckets
         )
-        state = {**{k: np.zeros_like(arrays[k]) for k in optional}, **state}
-        for name, target in arrays.items():
-            value = np.asarray(state[name])
-            if value.shape != target.shape:
-                raise ValueError(
-                    f"state[{name!r}] has shape {value.shape}, expected {target.shape}"
-                )
-        evicted = int(float(state["classes_evicted"]))
-        switched_off = {
-            (str(c), int(b))
-            for c, b in zip(
-                np.asarray(state["switched_off_classes"]).ravel(),
-                np.asarray(state["switched_off_buckets"]).ravel(),
-                strict=True,
-            )
-        }
+        evicted = int(reader.number("classes_evicted"))
+        untracked = int(reader.number("rows_untracked", 0.0))
+        last_update = values["class_last_update"]
+        clock = int(reader.number("class_update_clock", float(last_update.max(initial=0))))
+        profiles = self._profiles_from_state(reader)
         # everything checked: from here on nothing can fail half-way
-        for name, target in arrays.items():
-            target[...] = np.asarray(state[name], dtype=target.dtype)
-        self._slot_class = [str(c) or None for c in classes]
+        assign_arrays(targets, values)
+        self._slot_class = [c or None for c in classes]
         self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
         self._drafter_slot = {d: i for i, d in enumerate(drafters)}
         self.classes_evicted = evicted
-        self._switched_off = switched_off
-        self._tick = max(self._tick, int(self._last_update.max(initial=0)))
+        self.rows_untracked = untracked
+        self._clock = clock
+        self._switched_off = set(switched_off)
         self._decisions.clear()
         self._step_times.clear()
         self._tokens.clear()
         self._joint.clear()
-        self._profiles = self._profiles_from_state(state)
+        self._profiles = profiles
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
         # the offered arms' drafters keep their restored slots; new ones get free slots

@@ -32,6 +32,14 @@ from specctl.policy.params import (
     parse_config,
     real,
 )
+from specctl.policy.state import (
+    PolicyState,
+    StateReader,
+    StateValue,
+    assign_arrays,
+    copy_arrays,
+    state_header,
+)
 from specctl.steps import StepBatch
 
 
@@ -128,3 +136,44 @@ class TrtllmThresholdPolicy(Policy):
     def reset_class(self, workload_class: str) -> None:
         self._disabled.pop(workload_class, None)
         self._windows.pop(workload_class, None)
+
+    def state_dict(self) -> PolicyState:
+        """The buckets' batch sizes, each class's window of accepted drafts (one list
+        of all windows, cut by their lengths) and the classes switched off."""
+        windows = list(self._windows.items())
+        return {
+            **state_header(self.policy_name, self.state_version),
+            **copy_arrays(self.load.state_arrays()),
+            "window_classes": np.array([c for c, _ in windows], dtype=np.str_),
+            "window_lengths": np.array([len(w) for _, w in windows], dtype=np.int64),
+            "window_accepted": np.array([a for _, w in windows for a in w], dtype=np.int64),
+            "disabled_classes": np.array(list(self._disabled), dtype=np.str_),
+            "disabled_acceptance": np.array(list(self._disabled.values()), dtype=np.float64),
+        }
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        reader = StateReader(state, self.policy_name, self.state_version)
+        targets = self.load.state_arrays()
+        load = reader.arrays_like(targets, {})
+        classes = reader.strings("window_classes")
+        lengths = reader.array("window_lengths", (len(classes),), "i").tolist()
+        accepted = reader.array("window_accepted", (None,), "i").tolist()
+        window = self.config.acceptance_window
+        if any(not 0 < n <= window for n in lengths) or sum(lengths) != len(accepted):
+            raise ValueError(
+                f"{self.policy_name} state: 'window_lengths' {lengths} must be in 1..{window} "
+                f"(acceptance_window) and add up to the {len(accepted)} 'window_accepted'"
+            )
+        disabled = reader.strings("disabled_classes")
+        if len(set(classes)) != len(classes) or len(set(disabled)) != len(disabled):
+            raise ValueError(f"{self.policy_name} state: a class is listed twice")
+        if any(a < 0 for a in accepted):
+            raise ValueError(f"{self.policy_name} state: 'window_accepted' has negative counts")
+        means = reader.array("disabled_acceptance", (len(disabled),)).tolist()
+        ends = np.cumsum([0, *lengths]).tolist()
+        assign_arrays(targets, load)
+        self._windows = {
+            c: deque(accepted[a:b], maxlen=window)
+            for c, a, b in zip(classes, ends[:-1], ends[1:], strict=True)
+        }
+        self._disabled = dict(zip(disabled, means, strict=True))

@@ -29,6 +29,14 @@ from specctl.policy.params import (
     integer,
     parse_config,
 )
+from specctl.policy.state import (
+    PolicyState,
+    StateReader,
+    StateValue,
+    assign_arrays,
+    copy_arrays,
+    state_header,
+)
 from specctl.steps import StepBatch
 
 Table = tuple[tuple[int, int, int], ...]
@@ -124,3 +132,13 @@ class VllmBatchTablePolicy(Policy):
         if k == 0:
             return Decision.point(OFF, why)
         return Decision.point(Arm(self.drafter, k), why)
+
+    def state_dict(self) -> PolicyState:
+        """The buckets' batch sizes: all it learns."""
+        header = state_header(self.policy_name, self.state_version)
+        return {**header, **copy_arrays(self.load.state_arrays())}
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        reader = StateReader(state, self.policy_name, self.state_version)
+        targets = self.load.state_arrays()
+        assign_arrays(targets, reader.arrays_like(targets, {}))

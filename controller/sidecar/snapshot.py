@@ -71,7 +71,7 @@ class Snapshot:
     offered: dict[str, int]
     # engine_id -> the latest step_end_unix_s the state includes
     watermarks: dict[str, float]
-    # the policy's state_dict(), or None for a policy without one
+    # the policy's state_dict(); None in a snapshot written without one
     policy_state: dict[str, np.ndarray | str | float] | None
     created_unix_s: float = field(default_factory=time.time)
 
@@ -119,8 +119,7 @@ class IngestWatermarks:
 
 def capture(book: PolicyBook, watermarks: IngestWatermarks) -> Snapshot:
     """The book's and its policy's state now (copies: safe to write from another thread)."""
-    state_dict = getattr(book.policy, "state_dict", None)
-    policy_state = dict(state_dict()) if callable(state_dict) else None
+    policy_state = dict(book.policy.state_dict())
     return Snapshot(
         policy_name=book.policy.policy_name,
         version=book.version,
@@ -140,15 +139,14 @@ def restore(book: PolicyBook, snapshot: Snapshot, fresh_policy: Callable[[], Pol
     """
     book.offer(snapshot.offered)
     problem: str | None = None
-    load = getattr(book.policy, "load_state_dict", None)
     if snapshot.policy_name != book.policy.policy_name:
         problem = (
             f"snapshot is of policy {snapshot.policy_name!r}, the sidecar runs "
             f"{book.policy.policy_name!r}"
         )
-    elif snapshot.policy_state is not None and callable(load):
+    elif snapshot.policy_state is not None:
         try:
-            load(snapshot.policy_state)
+            book.policy.load_state_dict(snapshot.policy_state)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             problem = f"policy state does not fit this configuration: {exc}"
             book.replace_policy(fresh_policy())

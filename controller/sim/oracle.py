@@ -9,12 +9,13 @@ adaptation. It learns nothing and cannot be deployed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from specctl.arms import OFF, Arm
 from specctl.policy.base import Decision, Policy
+from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.sim.engine import SimWorld
 from specctl.steps import StepBatch
 
@@ -47,3 +48,10 @@ class OraclePolicy(Policy):
         if decision is None:
             decision = self._decisions[arm] = Decision.point(arm, f"oracle: best now is {arm}")
         return decision
+
+    def state_dict(self) -> PolicyState:
+        """Nothing is learned: the simulator's ground truth is read afresh."""
+        return state_header(self.policy_name, self.state_version)
+
+    def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
+        StateReader(state, self.policy_name, self.state_version)
