@@ -345,6 +345,28 @@ def test_decisions_are_cached_until_their_inputs_change() -> None:
     assert policy.select_action("chat", 0) is not first
 
 
+def test_switching_off_follows_what_is_learned_not_how_often_it_is_read() -> None:
+    """Deciding and explaining are reads. A policy asked for its decisions and evidence
+    after every report, and one never asked, learn the same state from the same reports,
+    switched-off contexts included, and the reads leave every byte of the state as it was."""
+    asked, never_asked = specctl(num_samples=64), specctl(num_samples=64)
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.05})
+    for _ in range(60):
+        batch, _decision, _arms = env.run_step(asked, "chat", 2, 64)
+        never_asked.update_params(batch)
+        before = asked.state_dict()
+        for bucket in range(4):
+            asked.select_action("chat", bucket)
+            asked.evidence("chat", bucket)
+        after = asked.state_dict()
+        for key, value in before.items():
+            assert np.asarray(after[key]).tobytes() == np.asarray(value).tobytes(), key
+    assert asked.select_action("chat", 2).explanation.startswith("off"), "never switched off"
+    learned = never_asked.state_dict()
+    for key, value in asked.state_dict().items():
+        np.testing.assert_array_equal(learned[key], value, err_msg=key)
+
+
 def test_reset_class_forgets_and_the_class_cap_evicts_least_recent() -> None:
     policy = specctl(prior_arm="ngram/k=2", max_classes=2)
     env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.6})

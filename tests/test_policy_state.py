@@ -60,6 +60,15 @@ def assert_same_state(a: PolicyState, b: PolicyState) -> None:
         np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]), err_msg=key)
 
 
+def state_bytes(state: PolicyState) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Each value's dtype, shape and bytes: equal means byte-identical."""
+    out = {}
+    for key, value in state.items():
+        array = np.asarray(value)
+        out[key] = (array.dtype.str, array.shape, array.tobytes())
+    return out
+
+
 def decisions(policy: Policy) -> list[Decision]:
     return [policy.select_action(c, b) for c, b in CONTEXTS]
 
@@ -131,3 +140,17 @@ def test_a_state_of_another_policy_or_layout_is_refused(name: str) -> None:
         policy.load_state_dict({**state, "policy_name": "other"})
     with pytest.raises(ValueError, match=f"{name} state: state_version=99; this policy reads"):
         policy.load_state_dict({**state, "state_version": 99})
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_reads_between_updates_leave_the_state_byte_identical(name: str) -> None:
+    policy = build(name)
+    env = SyntheticEnv(drafters=DRAFTERS, acceptance={"ngram": 0.8, "eagle3": 0.6}, seed=7)
+    for _ in range(30):
+        learn(policy, env, 1)
+        before = state_bytes(policy.state_dict())
+        for _ in range(2):
+            for context in CONTEXTS:
+                policy.select_action(*context)
+                policy.evidence(*context)
+        assert state_bytes(policy.state_dict()) == before

@@ -11,7 +11,7 @@ The contract, for every policy:
 - ``from_params(params)`` builds it from configuration's plain mapping (the
   registry's only way to build one), refusing a bad parameter by name;
 - ``update_params`` is the only method that learns; ``select_action`` and
-  ``evidence`` are reads;
+  ``evidence`` are reads: calling them any number of times changes nothing;
 - ``state_dict()`` holds everything it learned, as plain values headed by its
   name and ``state_version`` (:mod:`specctl.policy.state`), and
   ``load_state_dict()`` restores it whole or raises ValueError naming what

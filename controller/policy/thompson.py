@@ -65,7 +65,9 @@ acceptance followed well within it.
 
 Switch-off. When ``P(off is best) >= switch_off_confidence`` the context
 switches off and stays so until ``P(off is best)`` falls below
-``switch_on_confidence`` (hysteresis, so a close call does not flap). Off,
+``switch_on_confidence`` (hysteresis, so a close call does not flap). Which
+contexts are off moves as the policy learns, after each update
+(:mod:`specctl.policy.switch_off`), never when a decision is read. Off,
 it still runs speculation on at least ``probe_budget`` of its request-rounds
 (more while ``P(off is best)`` is lower), spread over the speculative arms by
 their posterior probability of being the best of them: where a long
@@ -113,6 +115,7 @@ from specctl.policy.state import (
     copy_arrays,
     state_header,
 )
+from specctl.policy.switch_off import SwitchOff
 from specctl.policy.truncated import nonnegative_draws
 from specctl.steps import StepBatch
 
@@ -269,8 +272,9 @@ class SpecctlPolicy(Policy):
         self._bucket_version = np.zeros(self.num_buckets, dtype=np.int64)
         self._arms_version = 0
         self._decisions: dict[tuple[str | None, int], tuple[tuple[int, ...], Decision]] = {}
-        # contexts switched off: they stay off until P(spec loses) < switch_on_confidence
-        self._switched_off: set[tuple[str, int]] = set()
+        # contexts switched off (learned), and the versions each was last observed at
+        self.switch_off = SwitchOff(cfg.switch_off_confidence, cfg.switch_on_confidence)
+        self._observed: dict[tuple[str, int], tuple[int, ...]] = {}
         self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # per load bucket: discounted request-rounds per class slot, and steps
@@ -400,7 +404,8 @@ class SpecctlPolicy(Policy):
         self._last_update[slot] = 0
         for b in range(self.num_buckets):
             self._decisions.pop((name, b), None)
-            self._switched_off.discard((name, b))
+            self._observed.pop((name, b), None)
+        self.switch_off.forget(name)
 
     def _next_tick(self) -> int:
         self._tick += 1
@@ -490,6 +495,21 @@ class SpecctlPolicy(Policy):
         self._bucket_version[bucket] = tick
         for b in touched:
             self._refresh_joint(b)
+        self._observe_switch_off()
+
+    def _observe_switch_off(self) -> None:
+        """Let each class's switch-off follow its P(off is best), in every bucket whose
+        decision inputs moved since it was last observed."""
+        if len(self._arms) == 1:
+            return
+        for b in range(self.num_buckets):
+            members = self._mix_members(b)
+            for name, slot in self._class_slot.items():
+                versions = self._versions(slot, b, members)
+                if self._observed.get((name, b)) != versions:
+                    self._observed[(name, b)] = versions
+                    p_off_best = float(self._samples(slot, b).prob_best()[0])
+                    self.switch_off.observe((name, b), p_off_best)
 
     def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
         """Learn each load bucket's class mix: mean request-rounds per step per class."""
@@ -513,22 +533,26 @@ class SpecctlPolicy(Policy):
         self._check_bucket(load_bucket)
         slot = self._class_slot.get(workload_class)
         key = (workload_class if slot is not None else None, load_bucket)
-        members = self._mix_members(load_bucket)
-        versions = (
-            int(self._class_version[slot]) if slot is not None else -1,
-            int(self._bucket_version[load_bucket]),
-            self._arms_version,
-            # a class decided with others depends on their evidence too
-            int(self._class_version[members].max())
-            if slot is not None and bool((members == slot).any())
-            else -1,
-        )
+        versions = self._versions(slot, load_bucket, self._mix_members(load_bucket))
+        versions += (int((workload_class, load_bucket) in self.switch_off.contexts),)
         cached = self._decisions.get(key)
         if cached is not None and cached[0] == versions:
             return cached[1]
         decision = self._decide(slot, load_bucket, key[0])
         self._decisions[key] = (versions, decision)
         return decision
+
+    def _versions(self, slot: int | None, bucket: int, members: np.ndarray) -> tuple[int, ...]:
+        """The versions of what a context's posterior rests on: it is unchanged while they are."""
+        return (
+            int(self._class_version[slot]) if slot is not None else -1,
+            int(self._bucket_version[bucket]),
+            self._arms_version,
+            # a class decided with others depends on their evidence too
+            int(self._class_version[members].max())
+            if slot is not None and bool((members == slot).any())
+            else -1,
+        )
 
     def _check_bucket(self, load_bucket: int) -> None:
         if not 0 <= load_bucket < self.num_buckets:
@@ -545,15 +569,7 @@ class SpecctlPolicy(Policy):
         p_best = samples.prob_best()
         p_loses = float(p_best[0])
         cfg = self.config
-        context = (workload_class or "", bucket)
-        was_off = workload_class is not None and context in self._switched_off
-        threshold = cfg.switch_on_confidence if was_off else cfg.switch_off_confidence
-        if workload_class is not None:
-            if p_loses >= threshold:
-                self._switched_off.add(context)
-            else:
-                self._switched_off.discard(context)
-        if p_loses >= threshold:
+        if self.switch_off.is_off((workload_class or "", bucket), p_loses):
             probe = self._probe_distribution(samples)
             budget = max(cfg.probe_budget, 1.0 - p_loses)
             if probe is None or cfg.probe_budget == 0.0:
@@ -885,15 +901,13 @@ class SpecctlPolicy(Policy):
 
     def state_dict(self) -> PolicyState:
         """Everything learned, as plain arrays (no pickling); the config is not included."""
-        switched_off = sorted(self._switched_off)
         return {
             **state_header(self.policy_name, self.state_version),
             **copy_arrays(self._state_arrays()),
             "classes": np.array([c or "" for c in self._slot_class], dtype=np.str_),
             "drafters": np.array(list(self._drafter_slot), dtype=np.str_),
             **self._profiles_state(),
-            "switched_off_classes": np.array([c for c, _ in switched_off], dtype=np.str_),
-            "switched_off_buckets": np.array([b for _, b in switched_off], dtype=np.int64),
+            **self.switch_off.state_dict(),
             "classes_evicted": float(self.classes_evicted),
             "rows_untracked": self.rows_untracked,
             "class_update_clock": self._clock,
@@ -979,9 +993,7 @@ class SpecctlPolicy(Policy):
         }
         prior["cost_fit"] = np.broadcast_to(self.cost.prior_mean, self.cost.fit.shape)
         values = reader.arrays_like(targets, prior)
-        switched_off = reader.contexts(
-            "switched_off_classes", "switched_off_buckets", self.num_buckets
-        )
+        switched_off = self.switch_off.read_state(reader, self.num_buckets)
         evicted = int(reader.number("classes_evicted"))
         untracked = int(reader.number("rows_untracked", 0.0))
         last_update = values["class_last_update"]
@@ -995,8 +1007,9 @@ class SpecctlPolicy(Policy):
         self.classes_evicted = evicted
         self.rows_untracked = untracked
         self._clock = clock
-        self._switched_off = set(switched_off)
+        self.switch_off.contexts = switched_off
         self._decisions.clear()
+        self._observed.clear()
         self._step_times.clear()
         self._tokens.clear()
         self._joint.clear()
