@@ -3,7 +3,9 @@
 Each subcommand lives next to the code it drives and exposes
 ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported
 when the parser is built, so they keep heavy imports (vLLM, matplotlib)
-inside ``run``.
+inside ``run``. Only the subcommand being run gets its arguments built, so
+one whose options come from a registry (``replay``: the policies and the
+estimators) costs the others nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``command``: build that subcommand's arguments alone (None: all)."""
     parser = argparse.ArgumentParser(
         prog="specctl",
         description=(
@@ -49,13 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
             description=(module.__doc__ or help_text).strip(),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        module.add_arguments(cmd)
+        if command is None or command == name:
+            module.add_arguments(cmd)
         cmd.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
     return int(args._run(args))
 
 
