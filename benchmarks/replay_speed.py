@@ -32,10 +32,12 @@ import pyarrow as pa  # noqa: E402
 from specctl.arms import OFF, Arm  # noqa: E402
 from specctl.decisionlog import SCHEMA, read_decision_log  # noqa: E402
 from specctl.decisionlog.writer import file_name, write_atomically  # noqa: E402
+from specctl.replay.bootstrap import Bootstrap  # noqa: E402
 from specctl.replay.candidates import parse_policy_spec  # noqa: E402
 from specctl.replay.data import prepare  # noqa: E402
-from specctl.replay.estimators import ESTIMATORS, Bootstrap  # noqa: E402
-from specctl.replay.rejection import RejectionReplay, candidate_action_dist  # noqa: E402
+from specctl.replay.estimators import ESTIMATORS  # noqa: E402
+from specctl.replay.rejection import RejectionReplay  # noqa: E402
+from specctl.replay.weights import candidate_action_dist, importance_weights  # noqa: E402
 
 ROWS_PER_STEP = 32
 CLASSES = ("chat", "code", "math", "summarize")
@@ -99,9 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--bootstrap", type=int, default=200)
-    parser.add_argument(
-        "--estimators", nargs="+", default=["ipw", "snipw", "dr", "model", "replay"]
-    )
+    parser.add_argument("--estimators", nargs="+", default=list(ESTIMATORS))
     parser.add_argument("--candidate", default="ngram/k=2")
     args = parser.parse_args()
 
@@ -140,7 +140,7 @@ def main() -> None:
     candidate = parse_policy_spec(args.candidate)
     policy = candidate.make()
     policy.set_arms(data.arms)
-    dist = candidate_action_dist(data, policy)
+    weights = importance_weights(data, candidate_action_dist(data, policy))
     t = time.perf_counter()
     c = time.process_time()
     bootstrap = Bootstrap(data, args.bootstrap, random_state=0)
@@ -150,12 +150,16 @@ def main() -> None:
     for name in args.estimators:
         t = time.perf_counter()
         c = time.process_time()
-        if name == "replay":
-            est = RejectionReplay().estimate_interval(
-                data, candidate.make, n_bootstrap_samples=args.bootstrap, random_state=0
+        estimator = ESTIMATORS[name]()
+        if estimator.uses_rejection_sampling:
+            est = estimator.estimate_interval(
+                data,
+                RejectionReplay().weights(data, candidate.make, random_state=0),
+                n_bootstrap_samples=args.bootstrap,
+                random_state=0,
             )
         else:
-            est = ESTIMATORS[name]().estimate_interval(data, dist, bootstrap=bootstrap)
+            est = estimator.estimate_interval(data, weights, bootstrap=bootstrap)
         seconds = time.perf_counter() - t
         cpu = time.process_time() - c
         e = est["all"]

@@ -28,17 +28,19 @@ from replay_support import (
 from specctl.arms import Arm, parse_arm
 from specctl.policy.base import Decision, Policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
+from specctl.replay.bootstrap import Bootstrap
 from specctl.replay.candidates import Candidate, parse_policy_spec
 from specctl.replay.data import LoggedRounds, prepare
 from specctl.replay.estimators import (
-    Bootstrap,
     DoublyRobust,
     InverseProbabilityWeighting,
+    RejectionReplayEstimator,
     SelfNormalizedInverseProbabilityWeighting,
     TruncationModel,
 )
 from specctl.replay.evaluate import Evaluation, evaluate
-from specctl.replay.rejection import RejectionReplay, candidate_action_dist
+from specctl.replay.rejection import RejectionReplay
+from specctl.replay.weights import Weights, candidate_action_dist, importance_weights
 from specctl.steps import StepBatch
 
 ENV = Environment()
@@ -118,10 +120,10 @@ def test_step_time_is_split_across_rows_without_loss() -> None:
     np.testing.assert_allclose(data.cost.per_spec_row[:, 0], 0.0, atol=0.0005)
 
 
-def _dist(data: LoggedRounds, spec: str) -> np.ndarray:
+def _weights(data: LoggedRounds, spec: str) -> Weights:
     policy = parse_policy_spec(spec).make()
     policy.set_arms(data.arms)
-    return candidate_action_dist(data, policy)
+    return importance_weights(data, candidate_action_dist(data, policy))
 
 
 def test_truncation_model_evaluates_shorter_proposals_the_log_never_ran() -> None:
@@ -133,7 +135,7 @@ def test_truncation_model_evaluates_shorter_proposals_the_log_never_ran() -> Non
     data = prepare(log_table(ENV, dist, STEPS, 11))
     assert {a.name for a in data.arms} >= {"ngram/k=2", "ngram/k=3"}
     truth = true_value(ENV, static_dist(Arm("ngram", 2)))
-    candidate = _dist(data, "ngram/k=2")
+    candidate = _weights(data, "ngram/k=2")
     boot = Bootstrap(data, 200, random_state=1)
     model = TruncationModel().estimate_interval(data, candidate, bootstrap=boot)
     dr = DoublyRobust().estimate_interval(data, candidate, bootstrap=boot)
@@ -158,7 +160,7 @@ def test_arms_beyond_the_logged_k_are_refused_by_name() -> None:
 
 def test_ipw_and_snipw_agree_on_goodput_and_differ_on_tokens() -> None:
     data = prepare(log_table(ENV, logging_dist(), 1000, 5))
-    d = _dist(data, "ngram/k=4")
+    d = _weights(data, "ngram/k=4")
     ips = InverseProbabilityWeighting().estimate_policy_value(data, d)["all"]
     snips = SelfNormalizedInverseProbabilityWeighting().estimate_policy_value(data, d)["all"]
     assert ips.goodput == pytest.approx(snips.goodput, rel=1e-12)
@@ -239,7 +241,10 @@ def test_rejection_replay_matches_an_adaptive_policy_run_online() -> None:
     assert 0.05 * data.num_units < accepted.size < 0.2 * data.num_units
     assert np.all(np.diff(data.step_end_unix_s[data.unit_step[accepted]]) >= 0)
     estimates = [
-        replay.estimate_interval(data, EpsilonGreedy, random_state=seed)["all"] for seed in range(4)
+        RejectionReplayEstimator().estimate_interval(
+            data, replay.weights(data, EpsilonGreedy, random_state=seed), random_state=seed
+        )["all"]
+        for seed in range(4)
     ]
     replayed = float(np.mean([e.goodput for e in estimates]))
     # the online policy meets about two step-contexts per step, so its steps are half
@@ -259,8 +264,9 @@ def test_rejection_replay_matches_an_adaptive_policy_run_online() -> None:
 
 def test_ipw_on_step_sums_equals_the_per_unit_formula() -> None:
     data = prepare(log_table(ENV, logging_dist(), 1000, 8))
-    d = _dist(data, "ngram/k=2")
-    w = d[data.unit_context, data.unit_arm] / data.unit_propensity
+    d = _weights(data, "ngram/k=2")
+    assert d.action_dist is not None
+    w = d.action_dist[data.unit_context, data.unit_arm] / data.unit_propensity
     chat = data.unit_class == CLASSES.index("chat")
     value = InverseProbabilityWeighting().estimate_policy_value(data, d)
     for scope, m in (("all", np.ones_like(chat)), ("chat", chat)):

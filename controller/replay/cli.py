@@ -17,10 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-ESTIMATOR_CHOICES = ("ipw", "snipw", "dr", "model", "replay")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specctl.replay.estimators import ESTIMATORS
+
     parser.add_argument("logs", nargs="+", metavar="LOG", help="decision log directories or files")
     parser.add_argument(
         "--policy",
@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimator",
         action="append",
-        choices=ESTIMATOR_CHOICES,
+        choices=tuple(ESTIMATORS),
         help="estimators to run (repeatable; default: all)",
     )
-    parser.add_argument("--rank-by", choices=ESTIMATOR_CHOICES, default="dr")
+    parser.add_argument("--rank-by", choices=tuple(ESTIMATORS), default="dr")
     parser.add_argument("--alpha", type=float, default=0.05, help="1 - interval coverage")
     parser.add_argument("--bootstrap", type=int, default=200, help="bootstrap replicates")
     parser.add_argument("--seed", type=int, default=0)
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from specctl.decisionlog.reader import LogInputError, read_decision_log
     from specctl.replay.candidates import parse_policy_spec
     from specctl.replay.data import prepare
+    from specctl.replay.estimators import ESTIMATORS
     from specctl.replay.evaluate import evaluate
     from specctl.replay.report import format_table, to_json, write_json, write_report
 
@@ -85,10 +86,9 @@ def run(args: argparse.Namespace) -> int:
         print("specctl replay: no decision log rows to evaluate", file=sys.stderr)
         return 2
     data = prepare(log.table)
-    estimators = tuple(args.estimator or ESTIMATOR_CHOICES)
-    tasks = sum(
-        len(estimators) if c.stationary else int("replay" in estimators) for c in candidates
-    )
+    estimators = tuple(args.estimator or ESTIMATORS)
+    adaptive = [e for e in estimators if ESTIMATORS[e].uses_rejection_sampling]
+    tasks = sum(len(estimators) if c.stationary else len(adaptive) for c in candidates)
     bar = tqdm(
         total=tasks, unit="estimate", desc="replay", disable=None if progress else True, leave=False
     )

@@ -119,35 +119,38 @@ class LoggedRounds:
         """(steps, 2 + 2 * drafters): what the step cost model multiplies, per step."""
         return step_features(self.step_rows, self.step_spec_rows, self.step_drafted)
 
-    def unit_cost_features(self, units: IntArray | None = None) -> FloatArray:
+    def unit_cost_features(self) -> FloatArray:
         """(units, 2 + 2 * drafters): each unit's part of its step's features (an equal
-        share of the intercept); all units, or ``units``."""
-        u = np.arange(self.num_units) if units is None else units
+        share of the intercept)."""
         nd = len(self.drafters)
-        drafter = self.unit_drafter[u]
-        out = np.zeros((u.shape[0], 2 + 2 * nd))
-        out[:, 0] = self.unit_rows[u] / self.step_rows[self.unit_step[u]]
-        out[:, 1] = self.unit_rows[u]
+        drafter = self.unit_drafter
+        out = np.zeros((self.num_units, 2 + 2 * nd))
+        out[:, 0] = self.unit_rows / self.step_rows[self.unit_step]
+        out[:, 1] = self.unit_rows
         spec = np.flatnonzero(drafter >= 0)
-        out[spec, 2 + drafter[spec]] = self.unit_rows[u][spec]
-        out[spec, 2 + nd + drafter[spec]] = self.unit_drafted[u][spec]
+        out[spec, 2 + drafter[spec]] = self.unit_rows[spec]
+        out[spec, 2 + nd + drafter[spec]] = self.unit_drafted[spec]
         return out
 
-    def attribute_seconds(self, cost: StepCostModel, units: IntArray | None = None) -> FloatArray:
-        """Seconds per unit (all, or ``units``): each step's time split in proportion to
-        its rows' cost under ``cost`` (equally where the model predicts nothing).
-        Equal to summing the rows' shares; computed from unit totals, so the
-        bootstrap can redo it cheaply.
+    def attribute_seconds(self, cost: StepCostModel) -> FloatArray:
+        """Seconds per unit: each step's time split in proportion to its rows' cost
+        under ``cost`` (equally where the model predicts nothing). Equal to summing
+        the rows' shares; computed from unit totals, so the bootstrap can redo it
+        cheaply.
         """
         theta = cost.coefficients[self.step_bucket]
         predicted = np.einsum("sp,sp->s", self.step_features, theta)
         ok = predicted > 0.0
         scale = np.where(ok, self.step_time_s / np.where(ok, predicted, 1.0), 0.0)
-        u = np.arange(self.num_units) if units is None else units
-        step = self.unit_step[u]
-        unit_cost = np.einsum("up,up->u", self.unit_cost_features(units), theta[step])
-        equal = self.step_time_s[step] * self.unit_rows[u] / self.step_rows[step]
+        step = self.unit_step
+        unit_cost = np.einsum("up,up->u", self.unit_cost_features(), theta[step])
+        equal = self.step_time_s[step] * self.unit_rows / self.step_rows[step]
         return np.where(ok[step], unit_cost * scale[step], equal)
+
+    @functools.cached_property
+    def truncation_groups(self) -> TruncationGroups:
+        """Speculative units grouped by (context, drafter): what the truncation model sums."""
+        return TruncationGroups(self)
 
     def context_inverse_rows(self, step_weights: FloatArray | None = None) -> FloatArray:
         """Mean of 1/rows-in-step over the rows of each context (a row's share of the intercept)."""
@@ -160,6 +163,32 @@ class LoggedRounds:
         num = np.bincount(self.unit_context, weights=inv, minlength=self.num_contexts)
         den = np.bincount(self.unit_context, weights=w, minlength=self.num_contexts)
         return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+
+
+class TruncationGroups:
+    """Speculative units sorted by (context, drafter), for fast grouped sums in the bootstrap.
+
+    ``matrix`` holds, per unit, the tokens, drafts and rounds it would have
+    yielded at each proposal length k (3k columns); ``keys`` and ``starts``
+    delimit the runs of one (context, drafter).
+    """
+
+    def __init__(self, data: LoggedRounds) -> None:
+        nd = max(len(data.drafters), 1)
+        spec = data.unit_drafter >= 0
+        key = data.unit_context[spec] * nd + data.unit_drafter[spec]
+        order = np.argsort(key, kind="stable")
+        self.units = np.flatnonzero(spec)[order]
+        sorted_key = key[order]
+        self.starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        if not sorted_key.size:
+            self.starts = np.zeros(0, dtype=np.int64)
+        self.keys = sorted_key[self.starts]
+        k = data.unit_tokens_at_k.shape[1]
+        u = self.units
+        rows_at_k = data.unit_rows[u, None] * (data.unit_k[u, None] >= np.arange(k)[None, :])
+        self.matrix = np.hstack([data.unit_tokens_at_k[u], data.unit_drafted_at_k[u], rows_at_k])
+        self.num_k = k
 
 
 def _runs(*keys: np.ndarray) -> IntArray:

@@ -2,7 +2,8 @@
 
 The ranking in each scope uses one estimator per candidate: ``rank_by``
 (doubly robust by default) for stationary candidates, rejection-sampling
-replay for adaptive ones.
+replay for adaptive ones. Estimators come from the registry,
+:data:`specctl.replay.estimators.ESTIMATORS`.
 """
 
 from __future__ import annotations
@@ -13,20 +14,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specctl.replay.bootstrap import Bootstrap
 from specctl.replay.candidates import Candidate
 from specctl.replay.data import LoggedRounds
 from specctl.replay.estimators import (
     ESTIMATORS,
     SCOPE_ALL,
-    Bootstrap,
+    BaseOffPolicyEstimator,
     IntervalEstimate,
-    fit_arm_model,
     scopes,
 )
-from specctl.replay.rejection import RejectionReplay, candidate_action_dist
+from specctl.replay.rejection import RejectionReplay
+from specctl.replay.truncation import fit_arm_model
+from specctl.replay.weights import candidate_action_dist, importance_weights
 
-ALL_ESTIMATORS = ("ipw", "snipw", "dr", "model", "replay")
-WEIGHTED = ("ipw", "snipw", "dr")
+# The estimator that ranks candidates that learn as they go.
+ADAPTIVE_RANK_BY = next(n for n, cls in ESTIMATORS.items() if cls.uses_rejection_sampling)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class Evaluation:
 
     def primary(self, candidate: str, scope: str) -> Result | None:
         mine = [r for r in self.results if r.candidate == candidate and r.scope == scope]
-        wanted = self.rank_by if self.stationary.get(candidate, True) else "replay"
+        wanted = self.rank_by if self.stationary.get(candidate, True) else ADAPTIVE_RANK_BY
         for r in mine:
             if r.estimator == wanted:
                 return r
@@ -71,7 +74,7 @@ def _context_label(data: LoggedRounds, x: int) -> str:
 
 def _warnings(
     data: LoggedRounds,
-    estimator: str,
+    estimator: BaseOffPolicyEstimator,
     scope_index: int,
     dist: np.ndarray,
     estimate: IntervalEstimate,
@@ -85,22 +88,24 @@ def _warnings(
         if scope_index == 0
         else data.context_class == scope_index - 1
     )
-    if estimator in (*WEIGHTED, "replay") and estimate.effective_sample_size < min_ess:
-        unit = "accepted step-contexts" if estimator == "replay" else "step-contexts"
+    if estimator.weighted and estimate.effective_sample_size < min_ess:
+        unit = "accepted step-contexts" if estimator.uses_rejection_sampling else "step-contexts"
         out.append(
             f"thin support: effective sample size {estimate.effective_sample_size:.0f} {unit}"
         )
-    if estimator in WEIGHTED:
+    if estimator.weighted and not estimator.uses_rejection_sampling:
         blind = (dist > 0) & (logged == 0) & in_scope[:, None]
         if blind.any():
             x, a = map(int, np.argwhere(blind)[0])
             mass = float(dist[blind].sum() / max(int(in_scope.sum()), 1))
-            what = "the model carries that part" if estimator == "dr" else "they are not counted"
+            what = (
+                "the model carries that part" if estimator.model_based else "they are not counted"
+            )
             out.append(
                 f"plays arms the log never ran in this scope (e.g. {data.arms[a].name} in "
                 f"{_context_label(data, x)}; mean P={mass:.2f}): {what}"
             )
-    if estimator in ("model", "dr"):
+    if estimator.model_based:
         missing = (dist > 0) & ~modelled & in_scope[:, None]
         if missing.any():
             x, a = map(int, np.argwhere(missing)[0])
@@ -123,7 +128,7 @@ def evaluate(
     data: LoggedRounds,
     candidates: Sequence[Candidate],
     *,
-    estimators: Sequence[str] = ALL_ESTIMATORS,
+    estimators: Sequence[str] = tuple(ESTIMATORS),
     rank_by: str = "dr",
     alpha: float = 0.05,
     n_bootstrap_samples: int = 200,
@@ -132,12 +137,13 @@ def evaluate(
     min_ess: float = 100.0,
     on_task: Callable[[str], None] | None = None,
 ) -> Evaluation:
-    """Every (candidate, estimator) per scope. Adaptive candidates get only ``replay``."""
-    unknown = [e for e in estimators if e not in ALL_ESTIMATORS]
+    """Every (candidate, estimator) per scope. Adaptive candidates get only the
+    rejection-sampling estimator."""
+    unknown = [e for e in estimators if e not in ESTIMATORS]
     if unknown:
-        raise ValueError(f"unknown estimators {unknown}; known: {', '.join(ALL_ESTIMATORS)}")
-    if rank_by not in ALL_ESTIMATORS:
-        raise ValueError(f"rank_by={rank_by!r} must be one of {', '.join(ALL_ESTIMATORS)}")
+        raise ValueError(f"unknown estimators {unknown}; known: {', '.join(ESTIMATORS)}")
+    if rank_by not in ESTIMATORS:
+        raise ValueError(f"rank_by={rank_by!r} must be one of {', '.join(ESTIMATORS)}")
     labels = [c.label for c in candidates]
     if len(set(labels)) != len(labels):
         raise ValueError(f"candidates must be distinct, got {labels}")
@@ -162,23 +168,21 @@ def evaluate(
         policy = candidate.make()
         policy.set_arms(data.arms)
         dist = candidate_action_dist(data, policy)
+        importance = importance_weights(data, dist)
         for name in estimators:
-            if not candidate.stationary and name != "replay":
+            estimator = ESTIMATORS[name]()
+            if not candidate.stationary and not estimator.uses_rejection_sampling:
                 continue
             if on_task is not None:
                 on_task(f"{candidate.label} {name}")
-            if name == "replay":
-                intervals = RejectionReplay(update_every).estimate_interval(
-                    data,
-                    candidate.make,
-                    alpha=alpha,
-                    random_state=random_state,
-                    bootstrap=bootstrap,
+            weights = (
+                RejectionReplay(update_every).weights(
+                    data, candidate.make, random_state=random_state
                 )
-            else:
-                intervals = ESTIMATORS[name]().estimate_interval(
-                    data, dist, alpha=alpha, bootstrap=bootstrap
-                )
+                if estimator.uses_rejection_sampling
+                else importance
+            )
+            intervals = estimator.estimate_interval(data, weights, alpha=alpha, bootstrap=bootstrap)
             for i, scope in enumerate(evaluation.scopes):
                 est = intervals[scope]
                 evaluation.results.append(
@@ -187,7 +191,7 @@ def evaluate(
                         name,
                         scope,
                         est,
-                        _warnings(data, name, i, dist, est, min_ess, logged, modelled),
+                        _warnings(data, estimator, i, dist, est, min_ess, logged, modelled),
                     )
                 )
     return evaluation

@@ -10,55 +10,31 @@ refreshes its distribution after every ``update_every`` accepted
 step-contexts, its own interactions, like a policy push (128 is about 64
 steps of an engine serving two classes).
 
-Unbiased for any policy, adaptive or not, as long as the log gave every arm it
-plays a positive propensity; it uses about ``1/M`` of the log per unit of
-probability, so it needs large logs and says how many rounds it accepted.
-Intervals resample the accepted rounds' steps (the shared bootstrap, with the
-step time re-split under each replicate's refitted cost model): they do not
-include the variability of the candidate's own learning path.
+What comes out is weights: 1 for each accepted step-context, 0 for the rest,
+which the ``replay`` estimator (:class:`~specctl.replay.estimators.RejectionReplayEstimator`)
+turns into the value of the accepted rounds. Unbiased for any policy, adaptive
+or not, as long as the log gave every arm it plays a positive propensity; it
+uses about ``1/M`` of the log per unit of probability, so it needs large logs
+and says how many rounds it accepted. Intervals resample the accepted rounds'
+steps: they do not include the variability of the candidate's own learning
+path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from specctl.policy.base import Policy
 from specctl.replay.data import LoggedRounds
-from specctl.replay.estimators import (
-    SCOPE_ALL,
-    Bootstrap,
-    IntervalEstimate,
-    PolicyValue,
-    scopes,
-)
+from specctl.replay.weights import Weights, candidate_action_dist
 from specctl.steps import StepBatch
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-
-def candidate_action_dist(data: LoggedRounds, policy: Policy) -> FloatArray:
-    """The policy's distribution over ``data.arms`` in every logged context."""
-    dist = np.zeros((data.num_contexts, len(data.arms)))
-    for x in range(data.num_contexts):
-        workload_class, bucket = data.context_name(x)
-        decision = policy.select_action(workload_class, bucket)
-        for arm, p in zip(decision.arms, decision.probabilities, strict=True):
-            if p <= 0.0:
-                continue
-            code = data.arm_code(arm)
-            if code is None:
-                raise ValueError(
-                    f"policy {policy.policy_name!r} plays {arm.name} with P={p:.3g} in "
-                    f"({workload_class}, bucket {bucket}), which the log cannot evaluate "
-                    f"(arms it can: {', '.join(a.name for a in data.arms)})"
-                )
-            dist[x, code] += p
-    return dist
 
 
 def _rows_of(data: LoggedRounds, units: IntArray) -> IntArray:
@@ -114,10 +90,9 @@ def _batch_of(
 
 @dataclass(frozen=True)
 class RejectionReplay:
-    """Replay an adaptive candidate against the log; see the module docstring."""
+    """Replay a candidate that learns against the log; see the module docstring."""
 
     update_every: int = 128
-    estimator_name: str = field(init=False, default="replay")
 
     def __post_init__(self) -> None:
         if self.update_every < 1:
@@ -173,68 +148,15 @@ class RejectionReplay:
             accepted.append(np.sort(np.concatenate(pending)))
         return np.concatenate(accepted) if accepted else np.zeros(0, dtype=np.int64)
 
-    def estimate_interval(
+    def weights(
         self,
         data: LoggedRounds,
         make_policy: Callable[[], Policy],
         *,
-        alpha: float = 0.05,
-        n_bootstrap_samples: int = 200,
         random_state: int | None = None,
-        bootstrap: Bootstrap | None = None,
-    ) -> dict[str, IntervalEstimate]:
-        """Value of the accepted rounds; the bootstrap resamples their steps and
-        re-splits step time under each replicate's refitted cost model."""
+    ) -> Weights:
+        """1 for each step-context a fresh policy accepts as it learns, 0 for the rest."""
         units = self.accepted_units(data, make_policy, random_state=random_state)
-        bootstrap = bootstrap or Bootstrap(data, n_bootstrap_samples, random_state)
-        cls = data.unit_class[units]
-        tokens = data.unit_tokens[units]
-        rows = data.unit_rows[units]
-
-        def value(c: FloatArray, seconds: FloatArray) -> FloatArray:
-            terms = np.column_stack([tokens, seconds, rows]) * c[:, None]
-            out = np.zeros((1 + len(data.classes), 3))
-            out[0] = terms.sum(axis=0)
-            for j in range(3):
-                out[1:, j] = np.bincount(cls, weights=terms[:, j], minlength=len(data.classes))
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return np.column_stack([out[:, 0] / out[:, 2], out[:, 1] / out[:, 2]])
-
-        point = value(np.ones(units.shape[0]), data.unit_seconds[units])
-        reps = np.stack(
-            [value(r.unit_weights(data)[units], r.unit_seconds(data, units)) for r in bootstrap]
-        )
-        with np.errstate(divide="ignore", invalid="ignore"):
-            goodput = reps[:, :, 0] / reps[:, :, 1]
-        counts = np.zeros(1 + len(data.classes))
-        counts[0] = units.shape[0]
-        counts[1:] = np.bincount(cls, minlength=len(data.classes))
-        rounds = np.zeros(1 + len(data.classes))
-        rounds[0] = data.unit_rows.sum()
-        rounds[1:] = np.bincount(
-            data.unit_class, weights=data.unit_rows, minlength=len(data.classes)
-        )
-
-        def q(x: FloatArray, lo: bool) -> float:
-            x = x[np.isfinite(x)]
-            if not x.size:
-                return float("nan")
-            return float(np.quantile(x, alpha / 2 if lo else 1 - alpha / 2))
-
-        out = {}
-        for i, scope in enumerate(scopes(data)):
-            out[scope] = IntervalEstimate(
-                value=PolicyValue(float(point[i, 0]), float(point[i, 1])),
-                goodput_low=q(goodput[:, i], True),
-                goodput_high=q(goodput[:, i], False),
-                tokens_low=q(reps[:, i, 0], True),
-                tokens_high=q(reps[:, i, 0], False),
-                seconds_low=q(reps[:, i, 1], True),
-                seconds_high=q(reps[:, i, 1], False),
-                rounds=float(rounds[i]),
-                effective_sample_size=float(counts[i]),
-                notes=(f"accepted {int(counts[i])} of the log's step-contexts",)
-                if scope == SCOPE_ALL
-                else (),
-            )
-        return out
+        unit = np.zeros(data.num_units)
+        unit[units] = 1.0
+        return Weights(unit, notes=(f"accepted {units.shape[0]} of the log's step-contexts",))

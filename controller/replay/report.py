@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.decisionlog.reader import LogProblem
-from specctl.replay.evaluate import Evaluation, Result
+from specctl.replay.evaluate import ADAPTIVE_RANK_BY, Evaluation, Result
 
 
 def _num(x: float, fmt: str) -> str:
@@ -160,7 +160,7 @@ def write_report(
         "",
         f"{rows} logged request-rounds from {len(files)} file(s). Goodput is committed tokens "
         "(accepted + 1) per second of engine time; intervals are 95% bootstrap intervals over "
-        f"steps. Ranked by `{evaluation.rank_by}` (adaptive policies by `replay`).",
+        f"steps. Ranked by `{evaluation.rank_by}` (adaptive policies by `{ADAPTIVE_RANK_BY}`).",
         "",
     ]
     if problems:
