@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 from replay_support import Environment, logging_dist, run
 
 from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
+from specctl.policy.registry import POLICIES
+from specctl.replay.candidates import parse_policy_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,3 +97,15 @@ def test_a_candidate_the_log_cannot_speak_for_is_refused(log_dir: Path) -> None:
     out = specctl(str(log_dir), "--policy", "nosuchpolicy", "--bootstrap", "20")
     assert out.returncode == 2
     assert "unknown policy 'nosuchpolicy'" in out.stderr
+
+
+def test_help_names_the_registered_policies_and_its_examples_run() -> None:
+    out = specctl("--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    missing = [name for name in POLICIES if name not in text]
+    assert not missing, f"--help does not name the policies {missing}"
+    examples = re.findall(r"--policy ([a-z][^\s]*)", out.stdout)
+    assert examples
+    for spec in examples:
+        parse_policy_spec(spec)  # raises on a policy the registry does not have

@@ -2,7 +2,7 @@
 
 Examples:
   specctl replay /var/log/specctl/decisions --policy ngram/k=2 --policy ngram/k=4 --policy off
-  specctl replay decisions/ --policy static:arm=eagle3/k=3 --policy thompson --json out.json
+  specctl replay decisions/ --policy static:arm=eagle3/k=3 --policy specctl --json out.json
 
 Every stationary candidate (a static arm) is estimated with inverse propensity
 scoring (ipw), self-normalised IPS (snipw), doubly robust (dr), the truncation
@@ -19,6 +19,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specctl.policy.registry import POLICIES
     from specctl.replay.estimators import ESTIMATORS
 
     parser.add_argument("logs", nargs="+", metavar="LOG", help="decision log directories or files")
@@ -27,7 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="SPEC",
-        help="a candidate: an arm (ngram/k=4, off), a policy name, or NAME:key=value,...",
+        help=(
+            "a candidate: an arm (ngram/k=4, off), a policy "
+            f"({', '.join(sorted(POLICIES))}), or NAME:key=value,..."
+        ),
     )
     parser.add_argument(
         "--estimator",
