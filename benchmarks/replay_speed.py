@@ -31,7 +31,7 @@ import pyarrow as pa  # noqa: E402
 
 from specctl.arms import OFF, Arm  # noqa: E402
 from specctl.decisionlog import SCHEMA, read_decision_log  # noqa: E402
-from specctl.decisionlog.writer import file_name, write_atomically  # noqa: E402
+from specctl.decisionlog.files import file_name, write_table  # noqa: E402
 from specctl.replay.bootstrap import Bootstrap  # noqa: E402
 from specctl.replay.candidates import parse_policy_spec  # noqa: E402
 from specctl.replay.data import prepare  # noqa: E402
@@ -121,7 +121,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / file_name(1, 1)
         t = time.perf_counter()
-        write_atomically(table, path)
+        write_table(table, path)
         report("write (zstd Parquet)", time.perf_counter() - t, table.num_rows)
         print(f"  file size {path.stat().st_size / 1e6:.1f} MB")
         del table

@@ -24,8 +24,7 @@ from specctl.decisionlog import (
     batch_to_table,
     read_decision_log,
 )
-from specctl.decisionlog.reader import log_files
-from specctl.decisionlog.writer import write_atomically
+from specctl.decisionlog.files import log_files, write_table
 
 ENV = Environment()
 
@@ -84,7 +83,7 @@ def test_rotation_by_size_merges_segments_and_readers_skip_covered_ones(tmp_path
         if lo + n > hi:
             break
         seg = tmp_path / f"decisions-{lo + n:010d}-{lo + n:010d}.parquet"
-        write_atomically(pa.Table.from_batches([part]), seg)
+        write_table(pa.Table.from_batches([part]), seg)
     again = read_decision_log([tmp_path])
     assert again.table.equals(log.table)
     # and the next writer finishes that merge's clean-up

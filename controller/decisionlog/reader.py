@@ -11,7 +11,7 @@ rows are left out and every problem is returned, never silently.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specctl.arms import ArmError, parse_arm
+from specctl.decisionlog.files import log_files
 from specctl.decisionlog.schema import SCHEMA, SUPPORTED_VERSIONS, VERSION_KEY
-from specctl.decisionlog.writer import FILE_RE
 
 OnBadInput = Literal["fail", "skip"]
 
@@ -63,27 +63,6 @@ class DecisionLog:
     @property
     def num_rows(self) -> int:
         return int(self.table.num_rows)
-
-
-def log_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories into their log files, oldest first; keep explicit files as given."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if not p.is_dir():
-            out.append(p)
-            continue
-        ranges = []
-        for entry in p.iterdir():
-            m = FILE_RE.match(entry.name)
-            if m:
-                ranges.append((int(m.group("first")), int(m.group("last")), entry))
-        for first, last, entry in sorted(ranges):
-            covered = any(
-                f <= first and last <= la and (f, la) != (first, last) for f, la, _ in ranges
-            )
-            if not covered:
-                out.append(entry)
-    return out
 
 
 def _file_problem(path: Path) -> tuple[pa.Table | None, LogProblem | None]:

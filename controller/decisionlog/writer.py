@@ -1,25 +1,18 @@
 """Append-only, crash-safe decision log writer: a sink for validated step batches.
 
-Every flush becomes a complete Parquet file (a *segment*) written under a
-temporary name, fsynced and atomically renamed into the log directory, so a
-file that carries the log's name is always whole: a killed process loses at
-most the rows buffered since the last flush and never leaves a file that
-cannot be read. Segments are merged into larger files when they reach
-``rotate_bytes`` or ``rotate_interval_s`` (rotation); a merged file is named
-after the range of segments it covers, and readers ignore segments a merged
-file covers, so a crash between writing the merged file and deleting its
-segments duplicates nothing.
-
-File names: ``decisions-<first>-<last>.parquet`` with zero-padded segment
-numbers (``first == last`` for a single segment). One writer per directory,
-enforced with an advisory lock.
+Every flush becomes a complete Parquet file (a *segment*) written atomically
+(:mod:`specctl.decisionlog.files`), so a killed process loses at most the
+rows buffered since the last flush and never leaves a file that cannot be
+read. Segments are merged into larger files when they reach ``rotate_bytes``
+or ``rotate_interval_s`` (rotation); a merged file is named after the range
+of segments it covers, and readers ignore segments a merged file covers, so a
+crash between writing the merged file and deleting its segments duplicates
+nothing. One writer per directory, enforced with an advisory lock.
 """
 
 from __future__ import annotations
 
 import fcntl
-import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,12 +23,19 @@ import pyarrow.parquet as pq
 import structlog
 from prometheus_client import Counter
 
+from specctl.decisionlog.files import (
+    TMP_SUFFIX,
+    file_name,
+    fsync_path,
+    log_files_in,
+    split_covered,
+    write_table,
+)
 from specctl.decisionlog.schema import SCHEMA, batches_to_table
 from specctl.steps import StepBatch
 
 log = structlog.get_logger(__name__)
 
-FILE_RE = re.compile(r"^decisions-(?P<first>[0-9]{10})-(?P<last>[0-9]{10})\.parquet$")
 LOCK_NAME = ".lock"
 
 ROWS_WRITTEN = Counter(
@@ -50,10 +50,6 @@ ROWS_DROPPED = Counter(
     "write_error: a flush failed).",
     ["reason"],
 )
-
-
-def file_name(first: int, last: int) -> str:
-    return f"decisions-{first:010d}-{last:010d}.parquet"
 
 
 @dataclass(frozen=True)
@@ -91,26 +87,6 @@ class _Segment:
     created_monotonic: float = field(default_factory=time.monotonic)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(table: pa.Table, path: Path, compression: str = "zstd") -> int:
-    """Write ``table`` to ``path`` so that ``path`` is either absent or complete; return bytes."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, compression=compression)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return path.stat().st_size
-
-
 class DecisionLogWriter:
     """Buffers rows from :meth:`__call__` and writes them from a background thread.
 
@@ -130,18 +106,13 @@ class DecisionLogWriter:
             raise RuntimeError(
                 f"decision log directory {directory} is in use by another writer"
             ) from None
-        ranges: list[tuple[int, int, Path]] = []
         for entry in directory.iterdir():
-            if entry.name.endswith(".tmp"):
+            if entry.name.endswith(TMP_SUFFIX):
                 entry.unlink()  # a flush that a crash interrupted: never renamed, never read
-                continue
-            m = FILE_RE.match(entry.name)
-            if m:
-                ranges.append((int(m.group("first")), int(m.group("last")), entry))
-        for first, last, entry in ranges:
-            if any(f <= first and last <= la and (f, la) != (first, last) for f, la, _ in ranges):
-                entry.unlink()  # a segment a merge already holds: the crash came before its delete
-        self._next_number = max((la for _, la, _ in ranges), default=0) + 1
+        files = log_files_in(directory)
+        for f in split_covered(files)[1]:
+            f.path.unlink()  # a segment a merge already holds: the crash came before its delete
+        self._next_number = max((f.last for f in files), default=0) + 1
         self._buffer: list[StepBatch] = []  # converted to a table at flush, off the caller
         self._buffered_rows = 0
         self._pending: list[_Segment] = []
@@ -182,7 +153,7 @@ class DecisionLogWriter:
                 path = self.config.directory / file_name(number, number)
                 try:
                     table = batches_to_table(batches)
-                    size = write_atomically(table, path, self.config.compression)
+                    size = write_table(table, path, self.config.compression)
                 except OSError as exc:
                     self.rows_dropped += rows
                     ROWS_DROPPED.labels("write_error").inc(rows)
@@ -208,14 +179,14 @@ class DecisionLogWriter:
         path = self.config.directory / file_name(first, last)
         try:
             table = pa.concat_tables(pq.read_table(s.path, schema=SCHEMA) for s in segments)
-            write_atomically(table, path, self.config.compression)
+            write_table(table, path, self.config.compression)
         except (OSError, pa.ArrowException) as exc:
             # The segments stay readable as they are; try again at the next flush.
             log.error("decision_log_rotate_failed", path=str(path), error=str(exc))
             return
         for s in segments:
             s.path.unlink(missing_ok=True)
-        _fsync_dir(self.config.directory)
+        fsync_path(self.config.directory)
         self._pending = []
         log.info("decision_log_rotated", path=str(path), segments=len(segments))
 

@@ -9,11 +9,12 @@ loaded with ``allow_pickle=False`` and only after its checksum matched, so a
 truncated or corrupt file is detected before any of it is used and is never
 half-loaded.
 
-Writes are atomic: a temporary file in the same directory, fsync, rename,
-fsync of the directory. On start the sidecar restores the snapshot and then
-replays the decision log's rows that came after it (per engine, rows whose
-step ended after the last step the snapshot had seen), so what it learned up
-to the last flushed log segment survives.
+Writes are atomic, as the decision log's (:mod:`specctl.decisionlog.files`):
+a temporary file in the same directory, fsync, rename, fsync of the
+directory. On start the sidecar restores the snapshot and then replays the
+decision log's rows that came after it (per engine, rows whose step ended
+after the last step the snapshot had seen), so what it learned up to the
+last flushed log segment survives.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from specctl.arms import Arm, ArmError, parse_arm
+from specctl.decisionlog.files import log_files_since, write_atomically
 from specctl.logs import get_logger
 from specctl.policy.base import Policy
 from specctl.sidecar.book import PolicyBook
@@ -45,8 +47,6 @@ SNAPSHOT_NAME = "state.snapshot"
 MAX_HEADER_BYTES = 4096
 # Engines a snapshot remembers a watermark for; the oldest are forgotten first.
 MAX_WATERMARKS = 4096
-# Decision log files last written this long before a snapshot cannot hold rows after it.
-MTIME_MARGIN_S = 5.0
 _POLICY_PREFIX = "policy."
 _BOOK_KEY = "book"
 
@@ -245,26 +245,11 @@ def decode(data: bytes) -> Snapshot:
         raise SnapshotError("schema", f"body does not parse: {type(exc).__name__}: {exc}") from None
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_snapshot(path: Path, snapshot: Snapshot) -> int:
     """Write atomically: ``path`` is always either the previous snapshot or this one."""
     data = encode(snapshot)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return len(data)
+    return write_atomically(path, lambda f: f.write(data))
 
 
 def read_snapshot(path: Path) -> Snapshot | None:
@@ -300,22 +285,6 @@ class ReplayResult:
     problems: tuple[str, ...] = ()
 
 
-def _tail_files(directory: Path, since_unix_s: float | None) -> list[Path]:
-    from specctl.decisionlog.reader import log_files
-
-    files = log_files([directory])
-    if since_unix_s is None:
-        return files
-    out = []
-    for f in files:
-        try:
-            if f.stat().st_mtime >= since_unix_s - MTIME_MARGIN_S:
-                out.append(f)
-        except OSError:
-            continue
-    return out
-
-
 def replay_log_tail(
     book: PolicyBook,
     directory: Path,
@@ -333,7 +302,7 @@ def replay_log_tail(
 
     if not directory.is_dir():
         return ReplayResult()
-    files = _tail_files(directory, since_unix_s)
+    files = log_files_since(directory, since_unix_s)
     if not files:
         return ReplayResult()
     logged = read_decision_log(files, on_bad_input="skip")

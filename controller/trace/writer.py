@@ -16,15 +16,16 @@ included), which is the ``position`` a row carries. A request not seen for
 
 Files: rows go into ``.trace-<id>-<segment>.parquet.tmp`` as row groups;
 when the segment reaches ``rotate_rows`` request rows, ``rotate_bytes`` or
-``rotate_interval_s``, or on close, the file is closed, fsynced and renamed to
-``trace-<id>-<segment>.parquet``. A file with a trace name is always
-complete; a crash loses the segment being written. Nothing here raises into
-the engine: a failure is logged once and tracing stops.
+``rotate_interval_s``, or on close, the file is closed and published as
+``trace-<id>-<segment>.parquet`` the way the decision log publishes its
+files (:func:`specctl.decisionlog.files.publish`: fsync, rename, fsync of
+the directory). A file with a trace name is always complete; a crash loses
+the segment being written. Nothing here raises into the engine: a failure is
+logged once and tracing stops.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -39,6 +40,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from specctl.api import pb
+from specctl.decisionlog.files import publish, temporary_path
 from specctl.engine.config import EngineConfig
 from specctl.trace.format import REQUEST, TraceMeta, schema
 
@@ -66,14 +68,6 @@ class TraceSource(Protocol):
 
 def new_trace_id() -> str:
     return uuid.uuid4().hex[:12]
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TraceWriter:
@@ -289,7 +283,7 @@ class TraceWriter:
         if self._parquet is None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._segment += 1
-            self._tmp = self.directory / f".{self._final_name()}.tmp"
+            self._tmp = temporary_path(self.directory / self._final_name())
             self._parquet = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
         self._parquet.write_table(table)
         self._segment_rows += int(table.column("decode_requests").to_numpy().sum())
@@ -308,10 +302,8 @@ class TraceWriter:
         parquet, tmp = self._parquet, self._tmp
         assert parquet is not None and tmp is not None
         parquet.close()
-        _fsync(tmp)
         final = self.directory / self._final_name()
-        os.replace(tmp, final)
-        _fsync(self.directory)
+        publish(tmp, final)
         self.rows_written += self._segment_rows
         self.files_written += 1
         self._parquet = None
