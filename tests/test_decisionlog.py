@@ -25,6 +25,8 @@ from specctl.decisionlog import (
     read_decision_log,
 )
 from specctl.decisionlog.files import log_files, write_table
+from specctl.decisionlog.rows import LogRows, report_batches
+from specctl.decisionlog.schema import batches_to_table
 
 ENV = Environment()
 
@@ -234,3 +236,22 @@ def test_accepted_above_drafted_is_named(tmp_path: Path) -> None:
     _write_rows(tmp_path / "x.parquet", table)
     with pytest.raises(LogInputError, match=rf"x\.parquet row {row}: accepted=2 exceeds drafted=0"):
         read_decision_log([tmp_path / "x.parquet"])
+
+
+def test_log_rows_become_the_batches_they_were_written_from() -> None:
+    """report_batches is the inverse of batches_to_table, up to tables of only the names used."""
+    batches = _batches(3)
+    decoded = list(report_batches(LogRows.from_table(batches_to_table(batches))))
+    assert len(decoded) == len(batches)
+    for got, want in zip(decoded, batches, strict=True):
+        assert (got.engine_id, got.sequence) == (want.engine_id, want.sequence)
+        for name in ("step_index", "step_time_s", "load_bucket", "num_requests", "batch_size"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        order = np.lexsort((want.class_index, want.request_step))
+        np.testing.assert_array_equal(got.request_step, want.request_step[order])
+        for name in ("propensity", "drafted", "accepted", "arm_k"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name)[order])
+        assert [got.classes[c] for c in got.class_index] == [
+            want.classes[c] for c in want.class_index[order]
+        ]
+        assert [got.arms[a] for a in got.arm_index] == [want.arms[a] for a in want.arm_index[order]]

@@ -9,8 +9,11 @@ policy first wherever the gap exceeds the intervals' width.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from replay_support import (
     ARMS,
@@ -26,6 +29,7 @@ from replay_support import (
 )
 
 from specctl.arms import Arm, parse_arm
+from specctl.decisionlog import read_decision_log
 from specctl.policy.base import Decision, Policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
 from specctl.replay.bootstrap import Bootstrap
@@ -156,6 +160,23 @@ def test_arms_beyond_the_logged_k_are_refused_by_name() -> None:
     data = prepare(log_table(ENV, logging_dist(), 200, 0))
     with pytest.raises(ValueError, match="cannot evaluate ngram/k=6"):
         evaluate(data, [parse_policy_spec("ngram/k=6")], n_bootstrap_samples=5)
+
+
+def test_a_log_whose_bad_arm_rows_were_left_out_prepares(tmp_path: Path) -> None:
+    """The arm column's dictionary still names the bad arm no remaining row uses."""
+    table = log_table(ENV, logging_dist(), 100, 0)
+    arm = table.column("arm").combine_chunks()
+    names = [*arm.dictionary.to_pylist(), "bogus"]
+    codes = arm.indices.to_numpy().copy()
+    codes[0] = len(names) - 1
+    bad = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(names))
+    i = table.schema.get_field_index("arm")
+    pq.write_table(table.set_column(i, table.schema.field("arm"), bad), tmp_path / "x.parquet")
+    log = read_decision_log([tmp_path / "x.parquet"], on_bad_input="skip")
+    assert [p.reason for p in log.problems] == ["arm"]
+    data = prepare(log.table)
+    assert data.num_rows == table.num_rows - 1
+    assert "bogus" not in {a.name for a in data.arms}
 
 
 def test_ipw_and_snipw_agree_on_goodput_and_differ_on_tokens() -> None:

@@ -18,7 +18,6 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from specctl.arms import ArmError, parse_arm
@@ -219,17 +218,3 @@ def read_decision_log(
     if tables:
         result.table = pa.concat_tables(tables)
     return result
-
-
-def dictionary_codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """Integer codes and their values for a (possibly multi-dictionary) string column."""
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    column = column.unify_dictionaries()
-    if column.num_chunks == 0:
-        return np.zeros(0, dtype=np.int64), []
-    values = column.chunk(0).dictionary.to_pylist()
-    codes = np.concatenate(
-        [c.indices.to_numpy(zero_copy_only=False).astype(np.int64) for c in column.chunks]
-    )
-    return codes, values

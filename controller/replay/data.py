@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from specctl.arms import OFF, Arm, parse_arm
-from specctl.decisionlog.reader import dictionary_codes
+from specctl.arms import OFF, Arm
+from specctl.decisionlog.rows import LogRows, runs
 from specctl.replay.cost import StepCostModel, fit_step_cost, step_features
 
 FloatArray = npt.NDArray[np.float64]
@@ -191,48 +191,32 @@ class TruncationGroups:
         self.num_k = k
 
 
-def _runs(*keys: np.ndarray) -> IntArray:
-    """Start index of each run of equal consecutive keys."""
-    n = keys[0].shape[0]
-    change = np.zeros(n, dtype=bool)
-    if n:
-        change[0] = True
-    for k in keys:
-        change[1:] |= k[1:] != k[:-1]
-    return np.flatnonzero(change).astype(np.int64)
-
-
 def prepare(table: pa.Table) -> LoggedRounds:
     """Group a checked decision-log table (see :func:`read_decision_log`) into units and steps."""
     if table.num_rows == 0:
         raise ValueError("the decision log has no rows to evaluate")
-    engine, engines = dictionary_codes(table.column("engine_id"))
-    cls, classes = dictionary_codes(table.column("workload_class"))
-    arm_code, arm_names = dictionary_codes(table.column("arm"))
+    rows = LogRows.from_table(table)
+    engine, cls, arm_code = rows.engine, rows.workload_class, rows.arm
+    time_unix, step_index, bucket = rows.time_unix_s, rows.step_index, rows.load_bucket
+    drafted, accepted, step_time = rows.drafted, rows.accepted, rows.step_time_s
 
-    def col(name: str) -> np.ndarray:
-        return table.column(name).to_numpy()
-
-    time_unix = col("time_unix_s")
-    step_index = col("step_index").astype(np.int64)
-    bucket = col("load_bucket").astype(np.int64)
-    drafted = col("drafted").astype(np.int64)
-    accepted = col("accepted").astype(np.int64)
-    step_time = col("step_time_s")
-
-    logged_arms = [parse_arm(a) for a in arm_names]
+    logged_arms = [a for a in rows.arms if a is not None]
     drafters = tuple(sorted({a.drafter for a in logged_arms if not a.is_off}))
     max_k = {d: max(a.k for a in logged_arms if a.drafter == d) for d in drafters}
     universe = [OFF] + [Arm(d, k) for d in drafters for k in range(1, max_k[d] + 1)]
-    to_universe = np.asarray([universe.index(a) for a in logged_arms], dtype=np.int64)
+    to_universe = np.asarray(
+        [-1 if a is None else universe.index(a) for a in rows.arms], dtype=np.int64
+    )
+    if (to_universe[arm_code] < 0).any():
+        raise ValueError("the decision log has rows whose arm is not 'off' or '<drafter>/k=<K>'")
     drafter_of = np.asarray(
         [-1 if a.is_off else drafters.index(a.drafter) for a in universe], dtype=np.int64
     )
     k_of = np.asarray([a.k for a in universe], dtype=np.int64)
     row_arm = to_universe[arm_code]
 
-    step_start = _runs(engine, step_index, time_unix)
-    unit_start = _runs(engine, step_index, time_unix, cls, bucket, row_arm)
+    step_start = runs(engine, step_index, time_unix)
+    unit_start = runs(engine, step_index, time_unix, cls, bucket, row_arm)
     n_rows = table.num_rows
     marks = np.zeros(n_rows, dtype=np.int64)
     marks[step_start] = 1
@@ -293,8 +277,8 @@ def prepare(table: pa.Table) -> LoggedRounds:
         )
     row_unit = np.repeat(np.arange(unit_start.shape[0]), unit_rows.astype(np.int64))
     return LoggedRounds(
-        classes=tuple(classes),
-        engines=tuple(engines),
+        classes=rows.classes,
+        engines=rows.engines,
         drafters=drafters,
         arms=tuple(universe),
         num_buckets=num_buckets,
@@ -308,8 +292,8 @@ def prepare(table: pa.Table) -> LoggedRounds:
         step_spec_rows=step_spec_rows,
         step_engine=engine[step_start],
         step_index=step_index[step_start],
-        step_batch_size=col("batch_size").astype(np.int64)[step_start],
-        step_scheduled_tokens=col("num_scheduled_tokens").astype(np.int64)[step_start],
+        step_batch_size=rows.batch_size[step_start],
+        step_scheduled_tokens=rows.num_scheduled_tokens[step_start],
         unit_start=unit_start,
         unit_step=unit_step,
         unit_context=unit_context.astype(np.int64),
@@ -317,7 +301,7 @@ def prepare(table: pa.Table) -> LoggedRounds:
         unit_arm=unit_arm,
         unit_drafter=drafter_of[unit_arm],
         unit_k=unit_k,
-        unit_propensity=col("propensity")[unit_start],
+        unit_propensity=rows.propensity[unit_start],
         unit_rows=unit_rows,
         unit_tokens=np.add.reduceat((accepted + 1).astype(np.float64), unit_start),
         unit_seconds=np.add.reduceat(row_seconds, unit_start),

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from specctl.decisionlog.rows import LogRows, to_step_batch
 from specctl.policy.base import Policy
 from specctl.replay.data import LoggedRounds
 from specctl.replay.weights import Weights, candidate_action_dist
@@ -45,46 +46,41 @@ def _rows_of(data: LoggedRounds, units: IntArray) -> IntArray:
     return starts + offsets
 
 
-def _batch_of(
+def _batches_of(
     data: LoggedRounds, units: IntArray, propensity: FloatArray, sequence: int
 ) -> list[StepBatch]:
     """What the candidate would have seen: the accepted rounds as step batches, per engine.
 
-    A step carries only its accepted rows, with their share of the step's time.
+    A step carries only its accepted rows, with their share of the step's time;
+    ``propensity`` is the candidate's, per unit of ``units`` (sorted).
     """
+    rows = _rows_of(data, units)
+    row_unit = np.repeat(np.arange(units.shape[0]), data.unit_rows[units].astype(np.int64))
+    unit = units[row_unit]
+    step = data.unit_step[unit]
+    accepted = LogRows(
+        engines=data.engines,
+        classes=data.classes,
+        arms=data.arms,
+        engine=data.step_engine[step],
+        workload_class=data.unit_class[unit],
+        arm=data.unit_arm[unit],
+        time_unix_s=data.step_end_unix_s[step],
+        step_index=data.step_index[step],
+        load_bucket=data.step_bucket[step],
+        propensity=propensity[row_unit],
+        drafted=data.row_drafted[rows],
+        accepted=data.row_accepted[rows],
+        step_time_s=data.step_time_s[step],
+        batch_size=data.step_batch_size[step],
+        num_scheduled_tokens=data.step_scheduled_tokens[step],
+        policy_version=np.zeros(rows.shape[0], dtype=np.int64),
+        report_sequence=np.full(rows.shape[0], sequence, dtype=np.int64),
+    )
     batches = []
-    for engine in np.unique(data.step_engine[data.unit_step[units]]):
-        mine = units[data.step_engine[data.unit_step[units]] == engine]
-        steps, step_pos = np.unique(data.unit_step[mine], return_inverse=True)
-        rows = _rows_of(data, mine)
-        row_unit_pos = np.repeat(np.arange(mine.shape[0]), data.unit_rows[mine].astype(np.int64))
-        request_step = step_pos[row_unit_pos]
-        num_requests = np.bincount(request_step, minlength=steps.shape[0]).astype(np.int64)
-        step_time = np.bincount(request_step, weights=data.row_seconds[rows], minlength=len(steps))
-        arm_index = data.unit_arm[mine][row_unit_pos]
-        batches.append(
-            StepBatch(
-                engine_id=data.engines[int(engine)],
-                sequence=sequence,
-                step_index=data.step_index[steps],
-                step_time_s=np.maximum(step_time, 1e-9),
-                batch_size=data.step_batch_size[steps],
-                num_scheduled_tokens=data.step_scheduled_tokens[steps],
-                policy_version=np.zeros(steps.shape[0], dtype=np.int64),
-                load_bucket=data.step_bucket[steps],
-                num_requests=num_requests,
-                step_end_unix_s=data.step_end_unix_s[steps],
-                classes=data.classes,
-                arms=data.arms,
-                request_step=request_step.astype(np.int64),
-                class_index=data.unit_class[mine][row_unit_pos],
-                arm_index=arm_index,
-                propensity=propensity[np.searchsorted(units, mine)][row_unit_pos],
-                drafted=data.row_drafted[rows],
-                accepted=data.row_accepted[rows],
-                arm_k=np.asarray([a.k for a in data.arms], dtype=np.int64)[arm_index],
-            )
-        )
+    for engine in np.unique(accepted.engine):
+        mine = np.flatnonzero(accepted.engine == engine)
+        batches.append(to_step_batch(accepted.take(mine), row_seconds=data.row_seconds[rows[mine]]))
     return batches
 
 
@@ -135,7 +131,7 @@ class RejectionReplay:
                 pos += cut
                 taken = np.sort(np.concatenate(pending))
                 taken_pi = dist[data.unit_context[taken], data.unit_arm[taken]]
-                for batch in _batch_of(data, taken, taken_pi, updates):
+                for batch in _batches_of(data, taken, taken_pi, updates):
                     policy.update_params(batch)
                 accepted.append(taken)
                 pending, num_pending, updates = [], 0, updates + 1

@@ -32,8 +32,10 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from specctl.arms import Arm, ArmError, parse_arm
-from specctl.decisionlog.files import log_files_since, write_atomically
+from specctl.arms import ArmError, parse_arm
+from specctl.decisionlog.files import write_atomically
+from specctl.decisionlog.rows import report_batches
+from specctl.decisionlog.tail import read_log_tail
 from specctl.logs import get_logger
 from specctl.policy.base import Policy
 from specctl.sidecar.book import PolicyBook
@@ -294,136 +296,33 @@ def replay_log_tail(
     """Feed ``book`` the decision log's rows newer than ``watermarks`` (per engine).
 
     ``since_unix_s``: the snapshot's creation time; files last written well
-    before it are not read. Rows that do not fit this configuration (a load
-    bucket it does not have, an invalid class) are skipped and counted; bad
-    files are reported by the log reader and skipped. Never raises on bad data.
+    before it are not read. What the tail leaves out is counted
+    (:mod:`specctl.decisionlog.tail`); a report the book refuses is skipped.
+    Never raises on bad data.
     """
-    from specctl.decisionlog.reader import dictionary_codes, read_decision_log
-
-    if not directory.is_dir():
-        return ReplayResult()
-    files = log_files_since(directory, since_unix_s)
-    if not files:
-        return ReplayResult()
-    logged = read_decision_log(files, on_bad_input="skip")
-    problems = tuple(str(p) for p in logged.problems)
-    table = logged.table
-    n = table.num_rows
-    if n == 0:
-        return ReplayResult(problems=problems)
-    engine_codes, engines = dictionary_codes(table.column("engine_id"))
-    class_codes, class_names = dictionary_codes(table.column("workload_class"))
-    arm_codes, arm_names = dictionary_codes(table.column("arm"))
-    col = {
-        name: table.column(name).to_numpy()
-        for name in (
-            "time_unix_s",
-            "step_index",
-            "load_bucket",
-            "propensity",
-            "drafted",
-            "accepted",
-            "step_time_s",
-            "batch_size",
-            "num_scheduled_tokens",
-            "policy_version",
-            "report_sequence",
-        )
-    }
-    arms: list[Arm | None] = []
-    for name in arm_names:
-        try:
-            arms.append(parse_arm(name))
-        except ArmError:
-            arms.append(None)
-    mark = np.array([watermarks.latest.get(e, -math.inf) for e in engines], dtype=np.float64)
-    keep = col["time_unix_s"] > mark[engine_codes]
-    keep &= col["load_bucket"] < book.num_load_buckets
-    keep &= np.array([a is not None for a in arms], dtype=bool)[arm_codes]
-    bad_class = np.array([validate_class_name(c) is not None for c in class_names], dtype=bool)
-    keep &= ~bad_class[class_codes]
-    skipped = int((col["time_unix_s"] > mark[engine_codes]).sum() - keep.sum())
-    rows = np.flatnonzero(keep)
-    if rows.size == 0:
-        return ReplayResult(skipped_rows=skipped, problems=problems)
-
-    # the drafters the tail used must be arms of the book before it learns from them
-    offered: dict[str, int] = {}
-    for code in np.unique(arm_codes[rows]):
-        arm = arms[int(code)]
-        if arm is not None and not arm.is_off:
-            offered[arm.drafter] = max(offered.get(arm.drafter, 0), arm.k)
-    book.offer(offered)
-
-    # one batch per run of rows from one report of one engine
-    key_engine = engine_codes[rows]
-    key_seq = col["report_sequence"][rows]
-    starts = np.flatnonzero(
-        np.r_[True, (key_engine[1:] != key_engine[:-1]) | (key_seq[1:] != key_seq[:-1])]
+    tail = read_log_tail(
+        directory,
+        after=watermarks.latest,
+        num_load_buckets=book.num_load_buckets,
+        since_unix_s=since_unix_s,
     )
-    ends = np.r_[starts[1:], rows.size]
+    skipped, problems = tail.skipped_rows, tail.problems
+    if tail.rows.num_rows == 0:
+        return ReplayResult(skipped_rows=skipped, problems=problems)
+    # the drafters the tail used must be arms of the book before it learns from them
+    book.offer(tail.offered())
     replayed = batches = 0
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        idx = rows[s:e]
-        engine = engines[int(engine_codes[idx[0]])]
-        batch = _batch_from_rows(idx, engine, class_codes, class_names, arm_codes, arms, col)
+    for batch in report_batches(tail.rows):
         try:
             book.ingest(batch)
         except Exception as exc:  # never crash on what the log held
             problems += (f"replay of {batch.engine_id} report {batch.sequence}: {exc}",)
-            skipped += int(idx.size)
+            skipped += batch.num_rows
             continue
         watermarks(batch)
-        replayed += int(idx.size)
+        replayed += batch.num_rows
         batches += 1
     return ReplayResult(replayed, batches, skipped, problems)
-
-
-def _batch_from_rows(
-    idx: np.ndarray,
-    engine_id: str,
-    class_codes: np.ndarray,
-    class_names: list[str],
-    arm_codes: np.ndarray,
-    arms: list[Arm | None],
-    col: Mapping[str, np.ndarray],
-) -> StepBatch:
-    """A StepBatch from one report's log rows (rows of a step are adjacent)."""
-    step_index = col["step_index"][idx]
-    step_time = col["time_unix_s"][idx]
-    new_step = np.r_[True, (step_index[1:] != step_index[:-1]) | (step_time[1:] != step_time[:-1])]
-    first = np.flatnonzero(new_step)
-    request_step = np.cumsum(new_step) - 1
-    cls_u, cls_inv = np.unique(class_codes[idx], return_inverse=True)
-    arm_u, arm_inv = np.unique(arm_codes[idx], return_inverse=True)
-    batch_arms = tuple(a for a in (arms[int(c)] for c in arm_u) if a is not None)
-    arm_k_table = np.array([a.k for a in batch_arms], dtype=np.int64)
-    arm_index = arm_inv.astype(np.int64)
-
-    def step_col(name: str) -> np.ndarray:
-        return col[name][idx][first].astype(np.int64)
-
-    return StepBatch(
-        engine_id=engine_id,
-        sequence=int(col["report_sequence"][idx[0]]),
-        step_index=step_col("step_index"),
-        step_time_s=col["step_time_s"][idx][first].astype(np.float64),
-        batch_size=step_col("batch_size"),
-        num_scheduled_tokens=step_col("num_scheduled_tokens"),
-        policy_version=step_col("policy_version"),
-        load_bucket=step_col("load_bucket"),
-        num_requests=np.bincount(request_step, minlength=first.size).astype(np.int64),
-        step_end_unix_s=step_time[first].astype(np.float64),
-        classes=tuple(class_names[int(c)] for c in cls_u),
-        arms=batch_arms,
-        request_step=request_step.astype(np.int64),
-        class_index=cls_inv.astype(np.int64),
-        arm_index=arm_index,
-        propensity=col["propensity"][idx].astype(np.float64),
-        drafted=col["drafted"][idx].astype(np.int64),
-        accepted=col["accepted"][idx].astype(np.int64),
-        arm_k=arm_k_table[arm_index],
-    )
 
 
 class SnapshotMetrics:
