@@ -57,27 +57,7 @@ def batch_to_table(batch: StepBatch) -> pa.Table:
     Rows of one (step, class) are adjacent: they share one draw of the arm, and
     replay treats them as one unit.
     """
-    order = np.lexsort((batch.class_index, batch.request_step))
-    step = batch.request_step[order]
-    r = batch.num_rows
-    columns = [
-        pa.array(batch.step_end_unix_s[step], type=pa.float64()),
-        _dict_column(np.zeros(r, dtype=np.int32), [batch.engine_id]),
-        pa.array(batch.step_index[step], type=pa.int64()),
-        _dict_column(batch.class_index[order], list(batch.classes)),
-        pa.array(batch.load_bucket[step], type=pa.int32()),
-        _dict_column(batch.arm_index[order], [a.name for a in batch.arms]),
-        pa.array(batch.propensity[order], type=pa.float64()),
-        pa.array(batch.drafted[order], type=pa.int32()),
-        pa.array(batch.accepted[order], type=pa.int32()),
-        pa.array(batch.step_time_s[step], type=pa.float64()),
-        pa.array(batch.num_requests[step], type=pa.int32()),
-        pa.array(batch.batch_size[step], type=pa.int32()),
-        pa.array(batch.num_scheduled_tokens[step], type=pa.int32()),
-        pa.array(batch.policy_version[step], type=pa.int64()),
-        pa.array(np.full(r, batch.sequence), type=pa.int64()),
-    ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    return batches_to_table([batch])
 
 
 def batches_to_table(batches: Sequence[StepBatch]) -> pa.Table:
