@@ -53,23 +53,14 @@ def promql_metric_names(expr: str) -> set[str]:
 
 def specctl_metric_names() -> set[str]:
     """Every series name the sidecar's registry exports."""
-    from prometheus_client import CollectorRegistry
-
-    import specctl.decisionlog.writer as decision_log
+    from specctl.decisionlog import DecisionLogMetrics
     from specctl.sidecar.metrics import SidecarMetrics
     from specctl.sidecar.snapshot import SnapshotMetrics
 
     registry = SidecarMetrics().registry
     SnapshotMetrics(registry)
+    DecisionLogMetrics(registry)
     families = list(registry.collect())
-    extra = CollectorRegistry()
-    for counter in (
-        decision_log.ROWS_WRITTEN,
-        decision_log.SEGMENTS_WRITTEN,
-        decision_log.ROWS_DROPPED,
-    ):
-        extra.register(counter)
-    families += list(extra.collect())
     names: set[str] = set()
     for family in families:
         if family.type == "counter":

@@ -9,12 +9,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from replay_support import Environment, logging_dist, run
+from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.decisionlog import (
     SCHEMA,
@@ -255,3 +257,37 @@ def test_log_rows_become_the_batches_they_were_written_from() -> None:
             want.classes[c] for c in want.class_index[order]
         ]
         assert [got.arms[a] for a in got.arm_index] == [want.arms[a] for a in want.arm_index[order]]
+
+
+def test_two_sidecars_in_one_process_count_only_their_own_log_rows(
+    sidecar_factory: Any, tmp_path: Path
+) -> None:
+    """The decision log's counters belong to each sidecar's registry, not to the process."""
+    reports = {"a": 3, "b": 5}
+    sidecars = {
+        name: sidecar_factory(
+            state_dir=str(tmp_path / name / "state"), state_log_flush_interval_s=0.05
+        )
+        for name in reports
+    }
+    for name, count in reports.items():
+        engine = ScriptedEngine(sidecars[name].address)
+        try:
+            engine.send(hello(f"engine-{name}"))
+            engine.recv_policy()
+            for sequence in range(1, count + 1):
+                engine.send(report(sequence))
+            log_dir = tmp_path / name / "state" / "decisions"
+            wait_for(lambda d=log_dir, n=count: _logged_rows(d) == 2 * n)
+        finally:
+            engine.close()
+    for name, count in reports.items():
+        samples = scrape(sidecars[name].metrics_url)
+        assert samples["specctl_decision_log_rows_total"] == 2 * count, name
+        assert samples["specctl_decision_log_segments_total"] >= 1, name
+
+
+def _logged_rows(directory: Path) -> int:
+    if not directory.is_dir():
+        return 0
+    return read_decision_log([directory], on_bad_input="skip").num_rows

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from specctl.decisionlog.files import (
     TMP_SUFFIX,
@@ -38,18 +38,28 @@ log = structlog.get_logger(__name__)
 
 LOCK_NAME = ".lock"
 
-ROWS_WRITTEN = Counter(
-    "specctl_decision_log_rows_total", "Decision log rows durably written to a segment."
-)
-SEGMENTS_WRITTEN = Counter(
-    "specctl_decision_log_segments_total", "Decision log segment files written."
-)
-ROWS_DROPPED = Counter(
-    "specctl_decision_log_dropped_rows_total",
-    "Decision log rows dropped, by reason (buffer_full: the disk could not keep up; "
-    "write_error: a flush failed).",
-    ["reason"],
-)
+
+class DecisionLogMetrics:
+    """``specctl_decision_log_*`` counters, on the registry of the sidecar that writes the log."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rows_written = Counter(
+            "specctl_decision_log_rows",
+            "Decision log rows durably written to a segment.",
+            registry=registry,
+        )
+        self.segments_written = Counter(
+            "specctl_decision_log_segments",
+            "Decision log segment files written.",
+            registry=registry,
+        )
+        self.rows_dropped = Counter(
+            "specctl_decision_log_dropped_rows",
+            "Decision log rows dropped, by reason (buffer_full: the disk could not keep up; "
+            "write_error: a flush failed).",
+            ["reason"],
+            registry=registry,
+        )
 
 
 @dataclass(frozen=True)
@@ -91,11 +101,16 @@ class DecisionLogWriter:
     """Buffers rows from :meth:`__call__` and writes them from a background thread.
 
     Plug an instance into the sidecar's policy book as a sink; call
-    :meth:`close` on shutdown to flush and merge what is pending.
+    :meth:`close` on shutdown to flush and merge what is pending. ``metrics``:
+    where it counts what it writes and drops (default: a registry of its own,
+    which nothing exports).
     """
 
-    def __init__(self, config: DecisionLogConfig) -> None:
+    def __init__(
+        self, config: DecisionLogConfig, metrics: DecisionLogMetrics | None = None
+    ) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else DecisionLogMetrics(CollectorRegistry())
         directory = config.directory
         directory.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(directory / LOCK_NAME, "a")  # held until close
@@ -134,7 +149,7 @@ class DecisionLogWriter:
         with self._buffer_lock:
             if self._buffered_rows + rows > self.config.max_buffered_rows:
                 self.rows_dropped += rows
-                ROWS_DROPPED.labels("buffer_full").inc(rows)
+                self.metrics.rows_dropped.labels("buffer_full").inc(rows)
                 return
             self._buffer.append(batch)
             self._buffered_rows += rows
@@ -156,7 +171,7 @@ class DecisionLogWriter:
                     size = write_table(table, path, self.config.compression)
                 except OSError as exc:
                     self.rows_dropped += rows
-                    ROWS_DROPPED.labels("write_error").inc(rows)
+                    self.metrics.rows_dropped.labels("write_error").inc(rows)
                     log.error(
                         "decision_log_write_failed", path=str(path), rows=rows, error=str(exc)
                     )
@@ -164,8 +179,8 @@ class DecisionLogWriter:
                 self._next_number += 1
                 self._pending.append(_Segment(number, path, size))
                 self.rows_written += rows
-                ROWS_WRITTEN.inc(rows)
-                SEGMENTS_WRITTEN.inc()
+                self.metrics.rows_written.inc(rows)
+                self.metrics.segments_written.inc()
             self._rotate_if_due(force=False)
 
     def _rotate_if_due(self, *, force: bool) -> None:

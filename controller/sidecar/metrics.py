@@ -264,8 +264,9 @@ class SidecarMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def exposition(self) -> CollectorRegistry:
-        """What /metrics serves: these metrics, plus the process-wide default registry
-        (the decision log's counters, process and Python runtime metrics)."""
+        """What /metrics serves: these metrics (the state keeper's and the decision
+        log's among them), plus the process-wide default registry (process and Python
+        runtime metrics)."""
         exposed = CollectorRegistry()
         exposed.register(self.registry)
         exposed.register(REGISTRY)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
+from specctl.decisionlog import DecisionLogConfig, DecisionLogMetrics, DecisionLogWriter
 from specctl.logs import get_logger
 from specctl.policy.base import Policy
 from specctl.sidecar.book import PolicyBook
@@ -58,6 +58,7 @@ class StateKeeper:
         self.path = self.directory / SNAPSHOT_NAME
         self.log_dir = self.directory / DECISION_LOG_DIR
         self.metrics = SnapshotMetrics(registry)
+        self.log_metrics = DecisionLogMetrics(registry)
         self.watermarks = IngestWatermarks()
         self.writer: DecisionLogWriter | None = None
         self.restored_from: str = "prior"
@@ -117,7 +118,8 @@ class StateKeeper:
         self.book.add_sink(self.watermarks)
         if self.config.decision_log:
             self.writer = DecisionLogWriter(
-                DecisionLogConfig(self.log_dir, flush_interval_s=self.config.log_flush_interval_s)
+                DecisionLogConfig(self.log_dir, flush_interval_s=self.config.log_flush_interval_s),
+                self.log_metrics,
             )
             self.book.add_sink(self.writer)
 
