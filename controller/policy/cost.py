@@ -276,14 +276,3 @@ class CostModel:
         mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
         rss = max(float(self.yy[bucket] - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
         return mean, l_inv.T, rss
-
-    def reset(self) -> None:
-        self.xtx[:] = 0.0
-        self.xty[:] = 0.0
-        self.yy[:] = 0.0
-        self.steps[:] = 0.0
-        self.noise_var[:] = (0.1 * self.prior_step_s) ** 2
-        self.fit[:] = self.prior_mean
-        self.fit_factor[:] = 0.0
-        self.fitted[:] = False
-        self.cusum[:] = 0.0

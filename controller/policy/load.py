@@ -78,8 +78,3 @@ class BucketLoad:
             "load_batch_sum": self.batch_sum,
             "load_extra_tokens_sum": self.extra_tokens_sum,
         }
-
-    def reset(self) -> None:
-        self.steps[:] = 0.0
-        self.batch_sum[:] = 0.0
-        self.extra_tokens_sum[:] = 0.0
