@@ -422,6 +422,17 @@ def _chat0(address: str) -> pb.ClassEvidence:
     return next(c for c in ev.classes if c.load_bucket == 0)
 
 
+def _chat0_changes(address: str) -> int:
+    """The ``chat`` class's decision changes so far; -1 before the sidecar knows the class
+    (its first report not yet learned)."""
+    try:
+        return _chat0(address).stability.changes_total
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return -1
+        raise
+
+
 def test_alternating_evidence_over_grpc(following_sidecar, capsys) -> None:
     sc = following_sidecar
     engine = ScriptedEngine(sc.address)
@@ -431,7 +442,7 @@ def test_alternating_evidence_over_grpc(following_sidecar, capsys) -> None:
         # reports alternate between accepted drafts and none; each one is learned before the next
         for seq in range(1, 10):
             engine.send(report(seq, accepted=(3 if seq % 2 else 0, 0)))
-            wait_for(lambda seq=seq: _chat0(sc.address).stability.changes_total == seq)
+            wait_for(lambda seq=seq: _chat0_changes(sc.address) == seq)
     finally:
         engine.close()
     s = _chat0(sc.address).stability
