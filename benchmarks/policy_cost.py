@@ -24,7 +24,8 @@ import numpy as np
 
 from specctl.arms import arms_for
 from specctl.policy.registry import make_policy
-from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord
 
 CLASSES = ("chat", "code", "rag", "summarize")
 DRAFTERS = {"ngram": 8, "eagle3": 5}

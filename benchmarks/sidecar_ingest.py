@@ -19,8 +19,9 @@ import numpy as np
 
 from specctl.api import pb
 from specctl.policy.registry import POLICIES, make_policy
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
-from specctl.steps import StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepRecord
 
 OFFERED = {"ngram": 4}
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

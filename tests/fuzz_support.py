@@ -14,8 +14,9 @@ import time
 from hypothesis import strategies as st
 
 from specctl.api import pb
+from specctl.protocol.hello import HelloError, validate_hello
 from specctl.sidecar.config import load_config
-from specctl.sidecar.server import HelloError, Session, Sidecar, validate_hello
+from specctl.sidecar.server import Session, Sidecar
 
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)

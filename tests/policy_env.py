@@ -17,7 +17,8 @@ import numpy as np
 
 from specctl.arms import Arm
 from specctl.policy.base import Decision, Policy
-from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord
 
 BOUNDS = (8, 32, 128)
 

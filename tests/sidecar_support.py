@@ -12,7 +12,8 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.api import pb, pb_grpc
-from specctl.steps import StepRecord, encode_step_report
+from specctl.protocol.reports import encode_step_report
+from specctl.steps import StepRecord
 
 
 def scrape(metrics_url: str) -> dict[str, float]:

@@ -14,7 +14,7 @@ import pytest
 from specctl.api import pb
 from specctl.engine.policy_view import compile_policy
 from specctl.engine.scheduler_driver import SchedulerDriver
-from specctl.steps import decode_step_report, encode_step_report
+from specctl.protocol.reports import decode_step_report, encode_step_report
 
 
 @pytest.fixture(autouse=True)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
-from specctl.sidecar.server import HelloError, validate_hello
-from specctl.steps import ReportError, decode_step_report
+from specctl.protocol.hello import HelloError, validate_hello
+from specctl.protocol.reports import ReportError, decode_step_report
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 LIVE = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -12,13 +14,8 @@ from hypothesis import strategies as st
 
 from specctl.api import generate, pb
 from specctl.arms import OFF, Arm, ArmError, arms_for, parse_arm
-from specctl.steps import (
-    ReportError,
-    StepRecord,
-    decode_step_report,
-    encode_step_report,
-    load_bucket_of,
-)
+from specctl.protocol.reports import ReportError, decode_step_report, encode_step_report
+from specctl.steps import StepRecord, load_bucket_of
 
 OFFERED = {"ngram": 4}
 
@@ -185,3 +182,19 @@ def test_off_is_not_a_drafter_arm() -> None:
     assert OFF.is_off and OFF.name == "off"
     with pytest.raises(ArmError):
         Arm("ngram", 0)
+
+
+def test_policies_and_replay_do_not_import_the_generated_code() -> None:
+    # They work on StepBatch and Arm; only the protocol package and the gRPC edges
+    # read and write protobuf messages.
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import specctl.decisionlog, specctl.policy, specctl.replay\n"
+        "for package in (specctl.policy, specctl.replay, specctl.decisionlog):\n"
+        "    for m in pkgutil.iter_modules(package.__path__):\n"
+        "        importlib.import_module(f'{package.__name__}.{m.name}')\n"
+        "wire = ('specctl.api', 'google.protobuf')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(wire)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

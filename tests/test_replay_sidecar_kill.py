@@ -17,7 +17,8 @@ from sidecar_support import ScriptedEngine, hello
 
 from specctl.api import pb
 from specctl.decisionlog import read_decision_log
-from specctl.steps import StepRecord, encode_step_report
+from specctl.protocol.reports import encode_step_report
+from specctl.steps import StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

@@ -14,9 +14,10 @@ from specctl.arms import OFF, Arm, parse_arm
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.metrics import SidecarMetrics
-from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord
 
 OFFERED = {"ngram": 4}
 

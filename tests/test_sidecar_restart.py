@@ -26,7 +26,8 @@ from google.protobuf.json_format import MessageToDict
 from sidecar_support import ScriptedEngine, hello, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
-from specctl.steps import StepRecord, encode_step_report
+from specctl.protocol.reports import encode_step_report
+from specctl.steps import StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

@@ -19,6 +19,7 @@ from specctl.cli import main
 from specctl.policy.base import Decision, Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import load_config
 from specctl.sidecar.metrics import SidecarMetrics
@@ -29,7 +30,7 @@ from specctl.sidecar.stability import (
     stability_by_context,
     total_variation,
 )
-from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord
 
 OFFERED = {"ngram": 4}
 NGRAM = parse_arm("ngram/k=4")

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from specctl.arms import parse_arm
 from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
 from specctl.policy.registry import make_policy
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.snapshot import (
     IngestWatermarks,
@@ -27,7 +28,7 @@ from specctl.sidecar.snapshot import (
     restore,
     write_snapshot,
 )
-from specctl.steps import StepBatch, StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepBatch, StepRecord
 
 OFFERED = {"ngram": 4, "eagle3": 3}
 ARMS = ["off", "ngram/k=2", "ngram/k=4", "eagle3/k=3"]
@@ -269,7 +270,7 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
 
 
 def test_merged_batches_keep_every_row() -> None:
-    from specctl.sidecar.coalesce import merge_batches
+    from specctl.steps import merge_batches
 
     parts = batches(3) + batches(2, engine="engine-2", seed=3)
     merged = merge_batches(parts)

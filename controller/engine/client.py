@@ -30,7 +30,8 @@ from specctl.api import pb, pb_grpc
 from specctl.arms import Arm
 from specctl.engine.config import EngineConfig
 from specctl.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
-from specctl.steps import StepRecord, encode_step_report
+from specctl.protocol.reports import encode_step_report
+from specctl.steps import StepRecord
 
 if TYPE_CHECKING:
     from specctl.trace.writer import TraceWriter

@@ -22,7 +22,6 @@ from specctl.api import pb
 from specctl.arms import OFF, Arm, arms_for
 from specctl.logs import get_logger
 from specctl.policy.base import Decision, Evidence, Policy
-from specctl.sidecar.coalesce import merge_batches
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.stability import (
     FLIP_MARGIN,
@@ -31,7 +30,7 @@ from specctl.sidecar.stability import (
     StabilityStats,
     total_variation,
 )
-from specctl.steps import StepBatch, validate_class_name
+from specctl.steps import StepBatch, merge_batches, validate_class_name
 
 log = get_logger("specctl.sidecar.book")
 

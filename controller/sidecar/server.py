@@ -14,7 +14,6 @@ import collections
 import contextlib
 import hmac
 import os
-import re
 import signal
 import stat
 import threading
@@ -30,10 +29,12 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from specctl.api import ADMIN_SERVICE_NAME, SERVICE_NAME, pb, pb_grpc
-from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from specctl.arms import Arm, ArmError, parse_arm
 from specctl.logs import get_logger
 from specctl.policy.base import Policy
 from specctl.policy.registry import make_policy
+from specctl.protocol.hello import MAX_TEXT_FIELD_LEN, HelloError, validate_hello
+from specctl.protocol.reports import ReportError, decode_step_report
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import (
     SOCKET_MODES,
@@ -46,13 +47,10 @@ from specctl.sidecar.config import (
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.state import StateKeeper
 from specctl.sidecar.tls import CertificateFiles, parse_names, peer_common_names
-from specctl.steps import ReportError, StepBatch, decode_step_report, validate_class_name
+from specctl.steps import StepBatch, validate_class_name
 
 log = get_logger("specctl.sidecar")
 
-MAX_ENGINE_ID_LEN = 128
-MAX_TEXT_FIELD_LEN = 256
-ENGINE_ID_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 # ReportRejected messages kept for a slow engine; older ones are dropped first.
 MAX_PENDING_REJECTIONS = 64
 CONFIG_POLL_S = 1.0
@@ -65,43 +63,6 @@ GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
 # Validated reports waiting to be learned; beyond this, reports are refused as overloaded.
 TRANSPORT_LIMIT_FACTOR = 4
 MAX_PENDING_REPORTS = 1024
-
-
-class HelloError(ValueError):
-    """A Hello this sidecar cannot accept; the message names the field."""
-
-
-def validate_hello(hello: pb.Hello) -> tuple[dict[str, int], Arm]:
-    """Check a Hello; return the offered drafters (name -> max K) and the fallback arm."""
-    if not ENGINE_ID_RE.match(hello.engine_id):
-        raise HelloError(
-            f"hello.engine_id={hello.engine_id[: MAX_ENGINE_ID_LEN + 8]!r} must be 1-"
-            f"{MAX_ENGINE_ID_LEN} printable characters without spaces"
-        )
-    for name in ("model", "vllm_version", "specctl_version"):
-        if len(getattr(hello, name)) > MAX_TEXT_FIELD_LEN:
-            raise HelloError(f"hello.{name} is longer than {MAX_TEXT_FIELD_LEN} characters")
-    offered: dict[str, int] = {}
-    for i, d in enumerate(hello.drafters):
-        where = f"hello.drafters[{i}]"
-        try:
-            Arm(d.method, 1)
-        except ArmError as exc:
-            raise HelloError(f"{where}.method={d.method!r}: {exc}") from None
-        if not 1 <= d.max_k <= MAX_K:
-            raise HelloError(f"{where}.max_k={d.max_k} must be in 1..{MAX_K}")
-        if d.method in offered:
-            raise HelloError(f"{where}.method={d.method!r} is listed twice")
-        offered[d.method] = int(d.max_k)
-    try:
-        fallback = parse_arm(hello.fallback_arm) if hello.fallback_arm else OFF
-    except ArmError as exc:
-        raise HelloError(f"hello.fallback_arm: {exc}") from None
-    if not fallback.is_off and fallback.k > offered.get(fallback.drafter, 0):
-        raise HelloError(
-            f"hello.fallback_arm={hello.fallback_arm!r} is not among the drafters offered"
-        )
-    return offered, fallback
 
 
 class Outbox:

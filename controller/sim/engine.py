@@ -36,10 +36,11 @@ import numpy.typing as npt
 from specctl.api import pb
 from specctl.arms import OFF, Arm
 from specctl.engine.policy_view import PolicyView, compile_policy, fallback_view
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 from specctl.sim.table import TargetModel
-from specctl.steps import StepRecord, decode_step_report, encode_step_report
+from specctl.steps import StepRecord
 
 STEP_TIME_NOISE = 0.02  # log-normal sigma of a step's wall time
 BLOCK_STEPS = 50  # resolution of the per-class accounting over time
