@@ -145,6 +145,24 @@ def test_negative_count_on_the_wire_is_rejected() -> None:
     assert info.value.reason == "drafted"
 
 
+@pytest.mark.parametrize("column", ["step_index", "policy_version"])
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1])
+def test_uint64_columns_past_int64_are_rejected(column: str, value: int) -> None:
+    report = encode_step_report(1, [_record()])
+    getattr(report, column)[0] = value
+    with pytest.raises(ReportError) as info:
+        _decode(report)
+    assert info.value.reason == column
+    assert info.value.message == f"{column}[0]={value} must be below 2**63"
+
+
+def test_uint64_columns_up_to_int64_max_are_kept_exact() -> None:
+    report = encode_step_report(1, [_record(step_index=2**63 - 1, policy_version=2**63 - 1)])
+    batch = decode_step_report(report, engine_id="e1", offered=OFFERED, num_load_buckets=4)
+    assert batch.step_index.tolist() == [2**63 - 1]
+    assert batch.policy_version.tolist() == [2**63 - 1]
+
+
 def test_column_length_mismatch() -> None:
     report = encode_step_report(1, [_record()])
     del report.accepted[-1]

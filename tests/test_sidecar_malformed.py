@@ -56,6 +56,19 @@ BAD_REPORTS = [
     ("load_bucket", report(2, load_bucket=7), "load_bucket", "load_bucket[0]=7"),
     ("short_column", _bad("accepted", [1]), "column_length", "accepted has 1 values"),
     ("sequence_back", report(1), "sequence", "sequence=1 does not follow"),
+    # uint64 on the wire: values past int64 must not wrap to negative numbers
+    (
+        "step_index_2**63",
+        _bad("step_index", [2**63]),
+        "step_index",
+        "step_index[0]=9223372036854775808 must be below 2**63",
+    ),
+    (
+        "policy_version_2**64-1",
+        _bad("policy_version", [2**64 - 1]),
+        "policy_version",
+        "policy_version[0]=18446744073709551615 must be below 2**63",
+    ),
 ]
 
 

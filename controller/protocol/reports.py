@@ -21,6 +21,8 @@ from specctl.arms import Arm, ArmError, parse_arm
 from specctl.steps import StepBatch, StepRecord, validate_class_name
 
 MAX_STEP_TIME_S = 3600.0
+# uint64 on the wire, int64 in a StepBatch: larger values would wrap to negative numbers.
+INT64_MAX = 2**63 - 1
 
 # One value per step, step_index first; then one value per request row.
 STEP_COLUMNS = (
@@ -36,6 +38,8 @@ STEP_COLUMNS = (
 ROW_COLUMNS = ("class_index", "arm_index", "propensity", "drafted", "accepted")
 # The numpy type each column is read as: int64 unless named here.
 _READ_AS: dict[str, type] = {
+    "step_index": np.uint64,
+    "policy_version": np.uint64,
     "step_time_s": np.float64,
     "step_end_unix_s": np.float64,
     "propensity": np.float64,
@@ -121,6 +125,15 @@ STEP_CHECKS: tuple[ColumnCheck, ...] = (
         "load_bucket",
         lambda c: c["load_bucket"] >= c.num_load_buckets,
         lambda c, _: f"must be below {c.num_load_buckets}, the number of buckets in the policy",
+    ),
+    ColumnCheck(
+        "step_index", "step_index", lambda c: c["step_index"] > INT64_MAX, "must be below 2**63"
+    ),
+    ColumnCheck(
+        "policy_version",
+        "policy_version",
+        lambda c: c["policy_version"] > INT64_MAX,
+        "must be below 2**63",
     ),
 )
 
@@ -237,11 +250,11 @@ def decode_step_report(
     return StepBatch(
         engine_id=engine_id,
         sequence=int(report.sequence),
-        step_index=cols["step_index"],
+        step_index=cols["step_index"].astype(np.int64),
         step_time_s=cols["step_time_s"],
         batch_size=cols["batch_size"],
         num_scheduled_tokens=cols["num_scheduled_tokens"],
-        policy_version=cols["policy_version"],
+        policy_version=cols["policy_version"].astype(np.int64),
         load_bucket=cols["load_bucket"],
         num_requests=cols["num_requests"],
         step_end_unix_s=cols["step_end_unix_s"],
