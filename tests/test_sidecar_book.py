@@ -165,7 +165,7 @@ def test_policy_for_restricts_to_the_engines_arms_and_renormalises() -> None:
     assert book.policy_for({}, OFF) is none  # cached per version and offer
 
 
-def test_sink_failures_are_counted_and_do_not_stop_ingest() -> None:
+def test_sink_failures_are_counted_as_internal_errors_and_do_not_stop_ingest() -> None:
     book = PolicyBook(make_policy("static", {"arm": "off"}))
     got: list[StepBatch] = []
 
@@ -176,7 +176,9 @@ def test_sink_failures_are_counted_and_do_not_stop_ingest() -> None:
     book.add_sink(got.append)
     book.ingest(_batch([("chat", "off", 0, 0)]))
     assert len(got) == 1 and got[0].classes == ("chat",)
-    assert _value(book, "specctl_reports_rejected_total", reason="sink_error") == 1
+    assert _value(book, "specctl_internal_errors_total", where="sink") == 1
+    # the report was not rejected: its rows reached the policy and the working sink
+    assert _value(book, "specctl_reports_rejected_total", reason="sink_error") == 0
 
 
 def test_evidence_and_goodput_gauges_come_from_the_policy() -> None:
@@ -285,7 +287,7 @@ class BrokenPolicy(SettablePolicy):
         return super().select_action(workload_class, load_bucket)
 
 
-def test_a_failing_policy_is_contained_and_counted() -> None:
+def test_a_failing_policy_is_contained_and_counted_as_internal_errors() -> None:
     policy = BrokenPolicy()
     policy.distribution = {"ngram/k=2": 1.0}
     book = PolicyBook(policy)
@@ -298,7 +300,9 @@ def test_a_failing_policy_is_contained_and_counted() -> None:
     assert book.version == v
     assert book.decision("default", 0).arms == (parse_arm("ngram/k=2"),)  # kept
     assert len(got) == 1  # the sink still saw the report
-    assert _value(book, "specctl_reports_rejected_total", reason="policy_error") == 2
+    assert _value(book, "specctl_internal_errors_total", where="policy_update") == 1
+    assert _value(book, "specctl_internal_errors_total", where="policy_select") == 1
+    assert _value(book, "specctl_reports_rejected_total", reason="policy_error") == 0
     book.ingest(_batch([("fresh", "off", 0, 0)]))  # a new class while failing: off
     assert book.decision("fresh", 0).arms == (OFF,)
     assert book.decision("fresh", 0).explanation == "policy failed: off"

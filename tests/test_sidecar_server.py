@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import grpc
@@ -15,8 +17,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import SERVICE_NAME, pb, pb_grpc
-from specctl.sidecar.config import unix_socket_path
-from specctl.sidecar.server import Outbox
+from specctl.arms import OFF
+from specctl.policy.static import StaticPolicy
+from specctl.sidecar.config import load_config, unix_socket_path
+from specctl.sidecar.server import Outbox, SidecarThread
+from specctl.steps import StepBatch
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])
@@ -283,6 +288,44 @@ def test_the_policy_learns_in_every_configured_load_bucket(sidecar_factory) -> N
             engine.send(report(seq, workload_class="wide", load_bucket=5))
         newer = engine.recv_policy(min_version=first.version + 1)
         assert any(e.workload_class == "wide" and e.load_bucket == 5 for e in newer.entries)
-        assert "policy_error" not in str(scrape(sidecar.metrics_url))
+        m = scrape(sidecar.metrics_url)
+        assert "policy_error" not in str(m)
+        assert not [k for k in m if k.startswith("specctl_internal_errors_total")]
     finally:
         engine.close()
+
+
+class FailingUpdatePolicy(StaticPolicy):
+    """A policy with a bug in its update: every report makes it raise."""
+
+    def update_params(self, batch: StepBatch) -> None:
+        raise RuntimeError("bug in update")
+
+
+def test_a_policy_exception_is_an_internal_error_not_a_rejected_report() -> None:
+    socket_dir = tempfile.mkdtemp(prefix="specctl-")
+    overrides = {
+        "server.listen": f"unix://{socket_dir}/s.sock",
+        "server.metrics_listen": "127.0.0.1:0",
+        "server.grace_period_s": 1.0,
+        "log.format": "json",
+    }
+    config = load_config(None, env={}, overrides=overrides)
+    try:
+        with SidecarThread(config, policy=FailingUpdatePolicy(OFF)) as sc:
+            engine = ScriptedEngine(sc.address)
+            try:
+                engine.send(hello())
+                engine.recv_policy()
+                errors = 'specctl_internal_errors_total{where="policy_update"}'
+                for seq in (1, 2, 3):  # one learning round each: one exception each
+                    engine.send(report(seq))
+                    wait_for(lambda seq=seq: scrape(sc.metrics_url).get(errors) == seq)
+                m = scrape(sc.metrics_url)
+            finally:
+                engine.close()
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    # the reports were valid: nothing feeds the rejection ratio or its alert
+    assert m["specctl_reports_received_total"] == 3
+    assert not [k for k in m if k.startswith("specctl_reports_rejected_total")]

@@ -168,7 +168,7 @@ class PolicyBook:
         try:
             return _Published(self.policy.select_action(*ctx))
         except Exception:
-            self.metrics.reports_rejected.labels("policy_error").inc()
+            self.metrics.internal_errors.labels("policy_select").inc()
             log.exception("policy_select_failed", workload_class=ctx[0], load_bucket=ctx[1])
             return None
 
@@ -278,7 +278,7 @@ class PolicyBook:
         except Exception:
             # A policy bug must not take the stream (or other engines) down with it;
             # the report still reaches the sinks so nothing is lost from the log.
-            m.reports_rejected.labels("policy_error").inc(len(folded))
+            m.internal_errors.labels("policy_update").inc()
             log.exception(
                 "policy_update_failed",
                 engine_id=folded[0].engine_id,
@@ -305,7 +305,7 @@ class PolicyBook:
                 try:
                     sink(one)
                 except Exception:
-                    m.reports_rejected.labels("sink_error").inc()
+                    m.internal_errors.labels("sink").inc()
                     log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
         self._refresh_evidence_gauges()
         return changed

@@ -149,6 +149,14 @@ class SidecarMetrics:
             ["reason"],
             registry=r,
         )
+        self.internal_errors = Counter(
+            "specctl_internal_errors",
+            "Exceptions raised by the policy or a report sink, by where: policy_update, "
+            "policy_select, sink. A bug: the published distribution is kept and the "
+            "report still reaches the other sinks.",
+            ["where"],
+            registry=r,
+        )
         self.reports_dropped = Counter(
             "specctl_reports_dropped",
             "Step reports lost before reaching the sidecar: drops the engines reported "
