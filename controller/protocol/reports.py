@@ -83,10 +83,10 @@ class ColumnCheck:
 
     def check(self, cols: Columns) -> None:
         """Raise :class:`ReportError` for the first row that breaks the rule."""
-        broken = np.flatnonzero(self.bad(cols))
-        if broken.shape[0] == 0:
+        broken = self.bad(cols)
+        if not broken.any():
             return
-        i = int(broken[0])
+        i = int(np.flatnonzero(broken)[0])
         value = cols[self.column][i]
         shown = repr(float(value)) if value.dtype.kind == "f" else str(int(value))
         rule = self.rule if isinstance(self.rule, str) else self.rule(cols, i)
