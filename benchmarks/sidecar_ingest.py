@@ -90,7 +90,8 @@ def main() -> None:
             )
             t1 = time.perf_counter()
             c1 = time.thread_time()
-            book.ingest(batch, t1)
+            book.ingest(batch)
+            book.refresh_estimates()  # what a learning round of the server adds
             c2 = time.thread_time()
             t2 = time.perf_counter()
             decode.append(t1 - t0)

@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from specctl.arms import OFF, Arm, parse_arm
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
+from specctl.protocol.policy_messages import evidence_message, policy_message
 from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.metrics import SidecarMetrics
@@ -77,7 +77,10 @@ def _batch(rows: Sequence[tuple[str, str, int, int]], bucket: int = 0, seq: int 
 
 
 def _value(book: PolicyBook, name: str, **labels: str) -> float:
-    value = book.metrics.registry.get_sample_value(name, labels)
+    """A sample the sidecar's exporter makes of the book's stats."""
+    metrics = SidecarMetrics()
+    metrics.watch(book)
+    value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
 
@@ -138,7 +141,7 @@ def test_override_wins_and_is_explained() -> None:
     assert book.decision("chat", 2).arms == (parse_arm("ngram/k=4"),)
     book.set_override("chat", OFF)
     assert _value(book, "specctl_switch_offs_total", workload_class="chat") == 4  # every bucket
-    evidence = book.evidence("chat")
+    evidence = evidence_message(book.evidence("chat"))
     assert {c.override_arm for c in evidence.classes} == {"off"}
 
 
@@ -147,13 +150,13 @@ def test_policy_for_restricts_to_the_engines_arms_and_renormalises() -> None:
     policy.distribution = {"off": 0.2, "ngram/k=2": 0.3, "ngram/k=4": 0.5}
     book = PolicyBook(policy, fallback_arm=None)
     book.offer(OFFERED)
-    full = book.full_policy()
+    full = policy_message(book.full_policy(), 0.0)
     assert dict(zip(full.entries[0].arms, full.entries[0].probabilities, strict=True)) == {
         "off": 0.2,
         "ngram/k=2": 0.3,
         "ngram/k=4": 0.5,
     }
-    small = book.policy_for({"ngram": 2}, parse_arm("ngram/k=2"))
+    small = policy_message(book.policy_for({"ngram": 2}, parse_arm("ngram/k=2")), 0.0)
     got = dict(zip(small.entries[0].arms, small.entries[0].probabilities, strict=True))
     assert got == {"off": 0.4, "ngram/k=2": 0.6}
     assert small.fallback_arm == "ngram/k=2"
@@ -161,7 +164,7 @@ def test_policy_for_restricts_to_the_engines_arms_and_renormalises() -> None:
     policy.distribution = {"ngram/k=4": 1.0}
     book.replace_policy(policy)
     none = book.policy_for({}, OFF)
-    assert [list(e.arms) for e in none.entries] == [["off"]] * 4
+    assert [list(e.arms) for e in none.entries] == [[OFF]] * 4
     assert book.policy_for({}, OFF) is none  # cached per version and offer
 
 
@@ -186,8 +189,8 @@ def test_evidence_and_goodput_gauges_come_from_the_policy() -> None:
     policy.distribution = {"off": 0.25, "ngram/k=2": 0.75}
     book = PolicyBook(policy)
     book.offer(OFFERED)
-    book._evidence_refreshed = -1e9  # refresh on this ingest
     book.ingest(_batch([("chat", "ngram/k=2", 2, 1)], bucket=1))
+    book.refresh_estimates(now=1e9)
     assert (
         _value(
             book,
@@ -206,7 +209,7 @@ def test_evidence_and_goodput_gauges_come_from_the_policy() -> None:
         )
         == 100.0
     )
-    ev = book.evidence("chat")
+    ev = evidence_message(book.evidence("chat"))
     assert len(ev.classes) == 4
     arms = {a.arm: a for a in ev.classes[1].arms}
     assert arms["ngram/k=2"].probability == 0.75 and arms["ngram/k=2"].goodput == 200.0
@@ -233,9 +236,7 @@ def test_vectorised_counters_match_a_row_by_row_count(raw) -> None:
         k = parse_arm(arm).k
         drafted = min(d, k)
         rows.append((cls, arm, drafted, min(a, drafted)))
-    book = PolicyBook(
-        make_policy("static", {"arm": "off"}), metrics=SidecarMetrics(CollectorRegistry())
-    )
+    book = PolicyBook(make_policy("static", {"arm": "off"}))
     book.ingest(_batch(rows))
     expect: Counter[tuple[str, ...]] = Counter()
     for cls, arm, drafted, accepted in rows:
@@ -263,11 +264,11 @@ def test_fallback_change_is_a_new_version_for_every_engine() -> None:
     book = PolicyBook(make_policy("static", {"arm": "off"}))
     book.offer(OFFERED)
     before = book.policy_for(OFFERED, OFF)
-    assert before.fallback_arm == "off"
+    assert before.fallback_arm == OFF
     v = book.set_fallback_arm(parse_arm("ngram/k=2"))
     assert v == before.version + 1
-    assert book.policy_for(OFFERED, OFF).fallback_arm == "ngram/k=2"
-    assert book.policy_for({}, OFF).fallback_arm == "off"  # not runnable there
+    assert book.policy_for(OFFERED, OFF).fallback_arm == parse_arm("ngram/k=2")
+    assert book.policy_for({}, OFF).fallback_arm == OFF  # not runnable there
     assert book.set_fallback_arm(parse_arm("ngram/k=2")) == v  # unchanged: same version
 
 

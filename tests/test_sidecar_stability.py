@@ -19,17 +19,18 @@ from specctl.cli import main
 from specctl.policy.base import Decision, Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.state import PolicyState, StateReader, StateValue, state_header
+from specctl.protocol.policy_messages import (
+    evidence_message,
+    fill_stability,
+    stability_by_context,
+    stability_stats,
+)
 from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import load_config
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.server import SidecarThread
-from specctl.sidecar.stability import (
-    DecisionStability,
-    StabilityStats,
-    stability_by_context,
-    total_variation,
-)
+from specctl.sidecar.stability import DecisionStability, total_variation
 from specctl.steps import StepBatch, StepRecord
 
 OFFERED = {"ngram": 4}
@@ -175,8 +176,8 @@ def test_stats_round_trip_through_the_proto() -> None:
     tracker.observe(_d({"off": 0.2, "ngram/k=4": 0.8}), 20.0)
     stats = tracker.stats(30.0)
     message = pb.DecisionStability()
-    stats.to_proto(message)
-    assert StabilityStats.from_proto(message) == stats
+    fill_stability(message, stats)
+    assert stability_stats(message) == stats
 
 
 # ---------------------------------------------------------------------- in the book
@@ -227,9 +228,9 @@ def _batch(workload_class: str = "chat", seq: int = 1, accepted: int = 3) -> Ste
 
 
 def _sample(book: PolicyBook, name: str, cls: str = "chat", bucket: str = "0") -> float | None:
-    return book.metrics.registry.get_sample_value(
-        name, {"workload_class": cls, "load_bucket": bucket}
-    )
+    metrics = SidecarMetrics()
+    metrics.watch(book)
+    return metrics.registry.get_sample_value(name, {"workload_class": cls, "load_bucket": bucket})
 
 
 def test_the_book_tracks_what_it_publishes_and_exports_it() -> None:
@@ -285,8 +286,8 @@ def test_evidence_carries_stability_and_changes_nothing() -> None:
     clock.now += 20.0
     before = {ctx: _state(t) for ctx, t in book._stability.items()}
     version = book.version
-    first = book.evidence()
-    assert book.evidence() == first
+    first = evidence_message(book.evidence())
+    assert evidence_message(book.evidence()) == first
     assert {ctx: _state(t) for ctx, t in book._stability.items()} == before
     assert book.version == version
     chat0 = next(c for c in first.classes if (c.workload_class, c.load_bucket) == ("chat", 0))
@@ -505,7 +506,7 @@ def test_a_restarted_sidecar_does_not_count_restoring_as_flips(sidecar_factory, 
     engine.close()
     sc.stop()
     again = sidecar_factory(**settings)
-    for ce in again.run(lambda: again.sidecar.book.evidence()).classes:
+    for ce in again.run(lambda: evidence_message(again.sidecar.book.evidence())).classes:
         assert ce.stability.mode_flips_total == 0 and ce.stability.changes_total == 0, ce
 
 

@@ -261,7 +261,7 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
     for batch in reports:
         one_by_one.ingest(batch)
     for i in range(0, len(reports), 6):
-        together.ingest_many([(b, None) for b in reports[i : i + 6]])
+        together.ingest_many(reports[i : i + 6])
     sa = one_by_one.policy.state_dict()
     sb = together.policy.state_dict()
     for key in ("acceptance_counts", "acceptance_rounds", "cost_xtx", "cost_xty", "load_steps"):

@@ -291,7 +291,7 @@ class EngineBench:
             time.sleep(0.6)  # the pinned policy is pushed (min_push_interval_s 0.5 s)
 
     def _evidence_rows(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
-        from specctl.sidecar.stability import stability_by_context
+        from specctl.protocol.policy_messages import stability_by_context
         from specctl.steps import load_bucket_of
 
         assert self._sidecar is not None

@@ -6,7 +6,10 @@ operator overrides, the published distributions and their version, how much
 those distributions move (a :class:`~specctl.sidecar.stability.DecisionStability`
 per context), and the per-engine restriction of a policy to the arms that
 engine can run. The server drives it from one event loop; the simulator drives
-it in-process.
+it in-process. It answers in plain values (:mod:`specctl.sidecar.published`)
+and counts in a plain :class:`~specctl.sidecar.book_stats.BookStats`: the
+protocol package makes messages of the one, the metrics exporter series of the
+other.
 """
 
 from __future__ import annotations
@@ -18,11 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from specctl.api import pb
 from specctl.arms import OFF, Arm, arms_for
 from specctl.logs import get_logger
-from specctl.policy.base import Decision, Evidence, Policy
-from specctl.sidecar.metrics import SidecarMetrics
+from specctl.policy.base import Decision, Policy
+from specctl.sidecar.book_stats import BookStats, Context
+from specctl.sidecar.published import (
+    BookEvidence,
+    ContextEvidence,
+    EnginePolicy,
+    engine_policy,
+)
 from specctl.sidecar.stability import (
     FLIP_MARGIN,
     WINDOW_S,
@@ -35,8 +43,7 @@ from specctl.steps import StepBatch, merge_batches, validate_class_name
 log = get_logger("specctl.sidecar.book")
 
 Sink = Callable[[StepBatch], Any]
-Context = tuple[str, int]
-# Evidence gauges need a policy.evidence() call per context: refresh them at most this often.
+# Goodput estimates need a policy.evidence() call per context: refresh them at most this often.
 EVIDENCE_REFRESH_S = 1.0
 
 
@@ -69,7 +76,6 @@ class PolicyBook:
         load_bucket_bounds: Iterable[int] = (8, 32, 128),
         fallback_arm: Arm | None = None,
         push_threshold: float = 0.05,
-        metrics: SidecarMetrics | None = None,
         clock: Callable[[], float] = time.time,
         flip_margin: float = FLIP_MARGIN,
         stability_window_s: float = WINDOW_S,
@@ -81,9 +87,7 @@ class PolicyBook:
         self.load_bucket_bounds = tuple(int(b) for b in load_bucket_bounds)
         self.fallback_arm = fallback_arm
         self.push_threshold = push_threshold
-        self.metrics = metrics if metrics is not None else SidecarMetrics()
-        # end (unix time) of the latest step learned from, across engines
-        self._learned_until = 0.0
+        self.stats = BookStats()
         self.clock = clock
         self.version = 0
         self._arms: list[Arm] = [OFF]
@@ -95,12 +99,10 @@ class PolicyBook:
         self.stability_window_s = stability_window_s
         self._stability: dict[Context, DecisionStability] = {}
         self._sinks: list[Sink] = []
-        self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], pb.Policy] = {}
+        self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], EnginePolicy] = {}
         self._stale_evidence: set[Context] = set()
         self._off_contexts: set[Context] = set()  # contexts whose most likely arm is off
         self._evidence_refreshed = 0.0
-        # the exporter reads the trackers at scrape time, from its own thread: hand it a copy
-        self.metrics.decision_stability.watch(lambda: list(self._stability.items()), clock)
         self.policy.set_arms(self._arms)
         self._add_class(default_class)
         self._bump()
@@ -144,7 +146,7 @@ class PolicyBook:
 
     def _add_class(self, name: str) -> None:
         self._classes[name] = len(self._classes)
-        self.metrics.classes.set(len(self._classes))
+        self.stats.classes = len(self._classes)
         for bucket in range(self.num_load_buckets):
             ctx = (name, bucket)
             decided = self._decide(ctx)
@@ -168,35 +170,32 @@ class PolicyBook:
         try:
             return _Published(self.policy.select_action(*ctx))
         except Exception:
-            self.metrics.internal_errors.labels("policy_select").inc()
+            self.stats.count_internal_error("policy_select")
             log.exception("policy_select_failed", workload_class=ctx[0], load_bucket=ctx[1])
             return None
 
     def _publish(self, ctx: Context, new: _Published) -> None:
         old = self._published.get(ctx)
         self._published[ctx] = new
-        m = self.metrics
-        cls, bucket = ctx[0], str(ctx[1])
-        if old is not None:
-            for arm in old.decision.arms:
-                if arm not in new.decision.arms:
-                    m.remove(m.arm_probability, cls, bucket, arm.name)
-        for arm, p in zip(new.decision.arms, new.decision.probabilities.tolist(), strict=True):
-            m.child(m.arm_probability, cls, bucket, arm.name).set(p)
-        off_now = new.decision.mode.is_off
-        m.child(m.speculation_off, cls, bucket).set(1.0 if off_now else 0.0)
+        stats = self.stats
+        decision = new.decision
+        stats.arm_probability[ctx] = dict(
+            zip((a.name for a in decision.arms), decision.probabilities.tolist(), strict=True)
+        )
+        off_now = decision.mode.is_off
+        stats.speculation_off[ctx] = off_now
         if off_now:
             self._off_contexts.add(ctx)
         else:
             self._off_contexts.discard(ctx)
         if old is not None and off_now and not old.decision.mode.is_off:
-            m.child(m.switch_offs, cls).inc()
+            stats.switch_offs[ctx[0]] = stats.switch_offs.get(ctx[0], 0) + 1
         self._stale_evidence.add(ctx)
         tracker = self._stability.get(ctx)
         if tracker is None:
-            self._stability[ctx] = self._new_tracker(new.decision)
+            self._stability[ctx] = self._new_tracker(decision)
         else:
-            tracker.observe(new.decision, self.clock())
+            tracker.observe(decision, self.clock())
 
     def _new_tracker(self, decision: Decision) -> DecisionStability:
         return DecisionStability(
@@ -227,7 +226,7 @@ class PolicyBook:
     def _bump(self) -> None:
         self.version += 1
         self._cache.clear()
-        self.metrics.policy_version.set(self.version)
+        self.stats.policy_version = self.version
 
     def decision(self, workload_class: str, load_bucket: int) -> Decision:
         """The published distribution for a context (the default class's if unknown)."""
@@ -242,43 +241,40 @@ class PolicyBook:
         """Call ``sink(batch)`` with every ingested batch (classes folded as the policy saw)."""
         self._sinks.append(sink)
 
-    def ingest(self, batch: StepBatch, received_at: float | None = None) -> bool:
-        """Learn from a validated report; True if the published policy changed (new version).
+    def ingest(self, batch: StepBatch) -> bool:
+        """Learn from a validated report; True if the published policy changed (new version)."""
+        return self.ingest_many([batch])
 
-        ``received_at`` is the ``time.perf_counter()`` at the report's arrival,
-        for the update-latency histogram.
-        """
-        return self.ingest_many([(batch, received_at)])
-
-    def ingest_many(self, reports: Sequence[tuple[StepBatch, float | None]]) -> bool:
+    def ingest_many(self, batches: Sequence[StepBatch]) -> bool:
         """Learn from several validated reports at once: one policy update, one republish.
 
         The server passes every report that arrived while the previous round was
         being learned, so under load the policy recomputes its decisions once per
         round rather than once per report. Sinks still get each report on its own.
         """
-        m = self.metrics
+        stats = self.stats
         folded: list[StepBatch] = []
         new_classes = False
-        for batch, _ in reports:
-            batch, added = self._fold_classes(batch)
+        for one in batches:
+            one, added = self._fold_classes(one)
             new_classes |= added
-            folded.append(batch)
+            folded.append(one)
         if not folded:
             return False
         batch = merge_batches(folded)
 
         rows_bucket = batch.load_bucket[batch.request_step]
-        self._count(batch, rows_bucket)
+        stats.count_rows(batch, rows_bucket, self.num_load_buckets, self._off_contexts)
         if batch.num_steps:
-            self._learned_until = max(self._learned_until, float(batch.step_end_unix_s.max()))
-            m.learned_until.set(self._learned_until)
+            stats.learned_until_unix_s = max(
+                stats.learned_until_unix_s, float(batch.step_end_unix_s.max())
+            )
         try:
             self.policy.update_params(batch)
         except Exception:
             # A policy bug must not take the stream (or other engines) down with it;
             # the report still reaches the sinks so nothing is lost from the log.
-            m.internal_errors.labels("policy_update").inc()
+            stats.count_internal_error("policy_update")
             log.exception(
                 "policy_update_failed",
                 engine_id=folded[0].engine_id,
@@ -296,23 +292,17 @@ class PolicyBook:
         if new_classes and not changed:
             self._bump()
             changed = True
-        now = time.perf_counter()
-        for _, received_at in reports:
-            if received_at is not None:
-                m.policy_update_latency.observe(now - received_at)
         for one in folded:
             for sink in self._sinks:
                 try:
                     sink(one)
                 except Exception:
-                    m.internal_errors.labels("sink").inc()
+                    stats.count_internal_error("sink")
                     log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
-        self._refresh_evidence_gauges()
         return changed
 
     def _fold_classes(self, batch: StepBatch) -> tuple[StepBatch, bool]:
         """The batch with its classes folded into those the book keeps; True if any is new."""
-        m = self.metrics
         new_classes = False
         names: list[str] = []
         for name in batch.classes:
@@ -327,81 +317,36 @@ class PolicyBook:
             overflowed = np.fromiter(
                 (n != o for n, o in zip(names, batch.classes, strict=True)), bool, len(names)
             )
-            m.class_overflow.inc(int(overflowed[batch.class_index].sum()) if batch.num_rows else 0)
+            if batch.num_rows:
+                self.stats.class_overflow_rows += int(overflowed[batch.class_index].sum())
             batch = dataclasses.replace(
                 batch, classes=tuple(unique), class_index=remap[batch.class_index]
             )
         return batch, new_classes
 
-    def _count(self, batch: StepBatch, rows_bucket: np.ndarray) -> None:
-        """Per-class counters, vectorised over the batch's rows (one bincount per quantity)."""
-        m = self.metrics
-        if batch.num_rows == 0:
-            return
-        classes, arms = batch.classes, batch.arms
-        n_arms = len(arms)
-        # request-rounds by applied arm
-        counts = np.bincount(batch.class_index * n_arms + batch.arm_index)
-        arm_names = [a.name for a in arms]
-        for key in np.flatnonzero(counts).tolist():
-            c, a = divmod(key, n_arms)
-            m.arm_rounds.add((classes[c], arm_names[a]), int(counts[key]))
-        # speculative rows by (class, drafter)
-        drafters = sorted({a.drafter for a in arms if not a.is_off})
-        if not drafters:
-            return
-        max_k = {d: max(a.k for a in arms if a.drafter == d) for d in drafters}
-        drafter_of_arm = np.array(
-            [-1 if a.is_off else drafters.index(a.drafter) for a in arms], np.int64
-        )
-        row_drafter = drafter_of_arm[batch.arm_index]
-        spec = row_drafter >= 0
-        n_dr = len(drafters)
-        group = (batch.class_index * n_dr + row_drafter)[spec]
-        accepted = batch.accepted[spec]
-        width = max(max_k.values()) + 1
-        size = len(classes) * n_dr
-        # hist[g, a]: rounds of group g that accepted exactly a tokens
-        hist = np.bincount(group * width + accepted, minlength=size * width).reshape(size, width)
-        at_least = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
-        accepted_sum = hist @ np.arange(width)
-        drafted_sum = np.bincount(group, weights=batch.drafted[spec], minlength=size)
-        for g in np.flatnonzero(at_least[:, 0]).tolist():
-            c, d = divmod(g, n_dr)
-            labels = (classes[c], drafters[d])
-            m.request_rounds.add(labels, int(at_least[g, 0]))
-            m.draft_tokens.add(labels, float(drafted_sum[g]))
-            m.accepted_tokens.add(labels, int(accepted_sum[g]))
-            for pos in range(1, max_k[drafters[d]] + 1):
-                m.accepted_tokens_per_position.add((*labels, str(pos)), int(at_least[g, pos]))
-        # probes: speculative rounds in contexts whose most likely arm is off
-        if self._off_contexts:
-            nb = self.num_load_buckets
-            probe = np.bincount((batch.class_index * nb + rows_bucket)[spec])
-            for key in np.flatnonzero(probe).tolist():
-                c, b = divmod(key, nb)
-                if (classes[c], b) in self._off_contexts:
-                    m.probe_rounds.add((classes[c],), int(probe[key]))
+    def refresh_estimates(self, *, now: float | None = None) -> None:
+        """Put the policy's goodput estimates of recently published contexts in the stats.
 
-    def _refresh_evidence_gauges(self, *, now: float | None = None) -> None:
+        A ``policy.evidence()`` call per context: the server calls it after each
+        learning round, and it does the work at most once per ``EVIDENCE_REFRESH_S``.
+        """
         now = time.monotonic() if now is None else now
         if now - self._evidence_refreshed < EVIDENCE_REFRESH_S or not self._stale_evidence:
             return
         self._evidence_refreshed = now
         stale, self._stale_evidence = self._stale_evidence, set()
-        m = self.metrics
+        stats = self.stats
         for ctx in stale:
             ev = self.policy.evidence(*ctx)
             if not ev.arms:
                 continue
             by_arm = {e.arm: e for e in ev.arms}
             chosen = by_arm.get(self._published[ctx].decision.mode)
-            labels = (ctx[0], str(ctx[1]))
             if chosen is not None:
-                m.chosen_arm_goodput.labels(*labels).set(chosen.goodput)
+                stats.chosen_arm_goodput[ctx] = chosen.goodput
             off = by_arm.get(OFF)
             if off is not None:
-                m.no_spec_goodput.labels(*labels).set(off.goodput)
+                stats.no_spec_goodput[ctx] = off.goodput
 
     # ----------------------------------------------------------------- operator
 
@@ -473,64 +418,31 @@ class PolicyBook:
 
     # ----------------------------------------------------------------- views
 
-    def policy_for(self, offered: Mapping[str, int], fallback: Arm) -> pb.Policy:
+    def policy_for(self, offered: Mapping[str, int], fallback: Arm) -> EnginePolicy:
         """The policy as an engine offering ``offered`` (drafter -> max K) receives it.
 
-        Each distribution is restricted to the engine's runnable arms and
-        renormalised; where nothing runnable remains, the engine's fallback
-        (or off, if the fallback is not runnable either).
+        The book's fallback arm wins over the engine's own (:func:`engine_policy`
+        restricts every distribution to the engine's arms). Kept per version and
+        offer, so engines alike share one.
         """
-
-        def runnable(arm: Arm) -> bool:
-            return arm.is_off or arm.k <= offered.get(arm.drafter, 0)
-
         key = (self.version, frozenset(offered.items()), fallback)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        book_fallback = self.fallback_arm if self.fallback_arm is not None else fallback
-        if not runnable(book_fallback):
-            book_fallback = fallback if runnable(fallback) else OFF
-        entries = []
-        for (cls, bucket), pub in self._published.items():
-            d = pub.decision
-            keep = [i for i, arm in enumerate(d.arms) if runnable(arm)]
-            probs = d.probabilities[keep]
-            total = float(probs.sum())
-            if keep and total > 0.0:
-                arms = [d.arms[i].name for i in keep]
-                values = (probs / total).tolist()
-                why = (
-                    d.explanation
-                    if len(keep) == len(d.arms)
-                    else (f"{d.explanation} (restricted to this engine's arms)")
-                )
-            else:
-                arms = [book_fallback.name]
-                values = [1.0]
-                why = f"{d.explanation} (not runnable here: fallback {book_fallback})"
-            entries.append(
-                pb.ClassPolicy(
-                    workload_class=cls,
-                    load_bucket=bucket,
-                    arms=arms,
-                    probabilities=values,
-                    explanation=why,
-                )
-            )
-        message = pb.Policy(
+        policy = engine_policy(
+            [(ctx, pub.decision) for ctx, pub in self._published.items()],
+            offered,
+            self.fallback_arm if self.fallback_arm is not None else fallback,
+            fallback,
             version=self.version,
             policy_name=self.policy_name,
-            fallback_arm=book_fallback.name,
             load_bucket_bounds=self.load_bucket_bounds,
             default_class=self.default_class,
-            entries=entries,
-            issued_unix_s=self.clock(),
         )
-        self._cache[key] = message
-        return message
+        self._cache[key] = policy
+        return policy
 
-    def full_policy(self) -> pb.Policy:
+    def full_policy(self) -> EnginePolicy:
         """The policy as an engine offering every drafter seen would receive it."""
         return self.policy_for(self._offered, self.fallback_arm or OFF)
 
@@ -560,7 +472,11 @@ class PolicyBook:
             ctx: self._new_tracker(pub.decision) for ctx, pub in self._published.items()
         }
 
-    def evidence(self, workload_class: str | None = None) -> pb.GetEvidenceResponse:
+    def stability_trackers(self) -> list[tuple[Context, DecisionStability]]:
+        """Every context's tracker, as a list the metrics exporter reads from its own thread."""
+        return list(self._stability.items())
+
+    def evidence(self, workload_class: str | None = None) -> BookEvidence:
         """The evidence behind the policy, for one class or all of them.
 
         Reading changes no stability tracker.
@@ -572,38 +488,16 @@ class PolicyBook:
         else:
             classes = list(self._classes)
         now = self.clock()
-        out = pb.GetEvidenceResponse(policy_version=self.version, policy_name=self.policy_name)
-        for cls in classes:
-            override = self._overrides.get(cls)
-            for bucket in range(self.num_load_buckets):
-                pub = self._published[(cls, bucket)]
-                ev: Evidence = self.policy.evidence(cls, bucket)
-                ce = out.classes.add(
-                    workload_class=cls,
-                    load_bucket=bucket,
-                    explanation=pub.decision.explanation,
-                    override_arm=override.name if override is not None else "",
-                    rounds=ev.rounds,
-                )
-                self._stability[(cls, bucket)].stats(now).to_proto(ce.stability)
-                estimates = {e.arm: e for e in ev.arms}
-                arms = list(pub.decision.arms) + [
-                    a for a in estimates if a not in pub.decision.arms
-                ]
-                for arm in arms:
-                    e = estimates.get(arm)
-                    ae = ce.arms.add(arm=arm.name, probability=pub.decision.probability_of(arm))
-                    if e is not None:
-                        ae.expected_tokens = e.expected_tokens
-                        ae.expected_step_time_s = e.expected_step_time_s
-                        ae.goodput = e.goodput
-                        ae.goodput_low = e.goodput_low
-                        ae.goodput_high = e.goodput_high
-                        ae.prob_best = e.prob_best
-                for drafter, (acceptance, observations) in sorted(ev.acceptance.items()):
-                    ce.drafters.add(
-                        drafter=drafter,
-                        conditional_acceptance=list(acceptance),
-                        observations=list(observations),
-                    )
-        return out
+        contexts = [
+            ContextEvidence(
+                workload_class=cls,
+                load_bucket=bucket,
+                decision=self._published[(cls, bucket)].decision,
+                override=self._overrides.get(cls),
+                evidence=self.policy.evidence(cls, bucket),
+                stability=self._stability[(cls, bucket)].stats(now),
+            )
+            for cls in classes
+            for bucket in range(self.num_load_buckets)
+        ]
+        return BookEvidence(self.version, self.policy_name, tuple(contexts))

@@ -1,22 +1,32 @@
 """The sidecar's Prometheus metrics, on a registry of their own.
 
 A dedicated :class:`CollectorRegistry` per server lets several sidecars run
-in one process (tests, the simulator). Names are a contract with the alert
-rules and dashboards: change them only together. Class labels are bounded by
+in one process (tests, the simulator). The server's own counters (reports
+received and rejected, engines, pushes) are prometheus_client metrics; what
+the :class:`~specctl.sidecar.book.PolicyBook` learns and publishes it counts in
+a plain :class:`~specctl.sidecar.book_stats.BookStats`, which
+:class:`BookStatsExporter` turns into series at scrape time (as vLLM's
+``SpecDecodingProm`` reads ``SpecDecodingStats``), so the report path pays
+nothing for Prometheus. Names are a contract with the alert rules and
+dashboards: change them only together. Class labels are bounded by
 ``policy.max_classes`` (the book folds the rest into the default class).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from specctl import __version__
+from specctl.sidecar.book_stats import BookStats
 from specctl.sidecar.stability import DecisionStability
+
+if TYPE_CHECKING:
+    from specctl.sidecar.book import PolicyBook
 
 # Report arrival to policy updated: the static policy takes tens of microseconds.
 LATENCY_BUCKETS = (
@@ -34,36 +44,6 @@ LATENCY_BUCKETS = (
     0.1,
     1.0,
 )
-
-
-class ReportCounter:
-    """A labelled counter the report path adds to without prometheus_client's per-call cost.
-
-    Values live in a dict keyed by label values and are exported at scrape
-    time. Only the event loop adds; a scrape copies the items (atomic under the
-    GIL), so a scrape never sees a torn value.
-    """
-
-    def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
-    ) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self.values: dict[tuple[str, ...], float] = {}
-        registry.register(self)
-
-    def add(self, labels: tuple[str, ...], amount: float) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
-
-    def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
-
-    def collect(self) -> list[CounterMetricFamily]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, value in list(self.values.items()):
-            family.add_metric(labels, value)
-        return [family]
 
 
 StabilitySource = Callable[[], Iterable[tuple[tuple[str, int], DecisionStability]]]
@@ -134,8 +114,131 @@ class DecisionStabilityExporter:
         return families
 
 
+class BookStatsExporter:
+    """Exports a book's :class:`BookStats`, read at scrape time from the scrape's thread.
+
+    Dicts are copied before they are read; the book replaces values whole, so a
+    scrape may see one context's change before another's, never a torn value.
+    """
+
+    _CLASS_DRAFTER = ("workload_class", "drafter")
+    _CONTEXT = ("workload_class", "load_bucket")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._stats = BookStats()
+        registry.register(self)
+
+    def watch(self, stats: BookStats) -> None:
+        self._stats = stats
+
+    def _families(self) -> dict[str, Any]:
+        cd, ctx = self._CLASS_DRAFTER, self._CONTEXT
+        counter, gauge = CounterMetricFamily, GaugeMetricFamily
+        return {
+            "request_rounds": counter(
+                "specctl_request_rounds",
+                "Speculative request-rounds (one request in one step with a drafter).",
+                labels=cd,
+            ),
+            "draft_tokens": counter(
+                "specctl_draft_tokens", "Draft tokens verified by the target.", labels=cd
+            ),
+            "accepted_tokens": counter(
+                "specctl_accepted_tokens", "Draft tokens accepted by the target.", labels=cd
+            ),
+            "accepted_at_least": counter(
+                "specctl_accepted_tokens_per_position",
+                "Request-rounds that accepted at least `position` draft tokens.",
+                labels=(*cd, "position"),
+            ),
+            "arm_rounds": counter(
+                "specctl_arm_rounds",
+                "Request-rounds by the arm the engine applied (off included).",
+                labels=("workload_class", "arm"),
+            ),
+            "arm_probability": gauge(
+                "specctl_arm_probability",
+                "Probability of each arm in the current policy.",
+                labels=(*ctx, "arm"),
+            ),
+            "chosen_arm_goodput": gauge(
+                "specctl_chosen_arm_goodput_tokens_per_second",
+                "Estimated goodput of the most likely arm (committed tokens per second).",
+                labels=ctx,
+            ),
+            "no_spec_goodput": gauge(
+                "specctl_no_spec_goodput_tokens_per_second",
+                "Estimated goodput without speculation (committed tokens per second).",
+                labels=ctx,
+            ),
+            "speculation_off": gauge(
+                "specctl_speculation_off",
+                "1 when the most likely arm of the context is off.",
+                labels=ctx,
+            ),
+            "switch_offs": counter(
+                "specctl_switch_offs",
+                "Times a context's most likely arm changed from a drafter to off.",
+                labels=("workload_class",),
+            ),
+            "probe_rounds": counter(
+                "specctl_probe_rounds",
+                "Speculative request-rounds applied while the context's most likely arm is off.",
+                labels=("workload_class",),
+            ),
+            "internal_errors": counter(
+                "specctl_internal_errors",
+                "Exceptions raised by the policy or a report sink, by where: policy_update, "
+                "policy_select, sink. A bug: the published distribution is kept and the "
+                "report still reaches the other sinks.",
+                labels=("where",),
+            ),
+            "learned_until": gauge(
+                "specctl_learned_until_timestamp_seconds",
+                "End (unix time) of the latest engine step the policy has learned from: how "
+                "far behind the engines the sidecar is, and the instant its counters speak for.",
+            ),
+            "policy_version": gauge("specctl_policy_version", "Version of the current policy."),
+            "classes": gauge("specctl_classes", "Workload classes the policy keeps apart."),
+            "class_overflow": counter(
+                "specctl_class_overflow",
+                "Request rows whose class was folded into the default class (max_classes reached).",
+            ),
+        }
+
+    def describe(self) -> list[Any]:
+        return list(self._families().values())
+
+    def collect(self) -> list[Any]:
+        f = self._families()
+        st = self._stats
+        for name in ("request_rounds", "draft_tokens", "accepted_tokens", "arm_rounds"):
+            for labels, value in list(getattr(st, name).items()):
+                f[name].add_metric(labels, value)
+        for (cls, drafter, position), value in list(st.accepted_at_least.items()):
+            f["accepted_at_least"].add_metric((cls, drafter, str(position)), value)
+        for name in ("switch_offs", "probe_rounds"):
+            for cls, value in list(getattr(st, name).items()):
+                f[name].add_metric((cls,), value)
+        for where, value in list(st.internal_errors.items()):
+            f["internal_errors"].add_metric((where,), value)
+        for (cls, bucket), arms in list(st.arm_probability.items()):
+            for arm, p in arms.items():
+                f["arm_probability"].add_metric((cls, str(bucket), arm), p)
+        for (cls, bucket), off in list(st.speculation_off.items()):
+            f["speculation_off"].add_metric((cls, str(bucket)), 1.0 if off else 0.0)
+        for name in ("chosen_arm_goodput", "no_spec_goodput"):
+            for (cls, bucket), value in list(getattr(st, name).items()):
+                f[name].add_metric((cls, str(bucket)), value)
+        f["learned_until"].add_metric((), st.learned_until_unix_s)
+        f["policy_version"].add_metric((), st.policy_version)
+        f["classes"].add_metric((), st.classes)
+        f["class_overflow"].add_metric((), st.class_overflow_rows)
+        return list(f.values())
+
+
 class SidecarMetrics:
-    """Every metric the sidecar exports (``specctl_*``)."""
+    """Every metric the sidecar exports (``specctl_*``): the server's, and its book's."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -149,89 +252,14 @@ class SidecarMetrics:
             ["reason"],
             registry=r,
         )
-        self.internal_errors = Counter(
-            "specctl_internal_errors",
-            "Exceptions raised by the policy or a report sink, by where: policy_update, "
-            "policy_select, sink. A bug: the published distribution is kept and the "
-            "report still reaches the other sinks.",
-            ["where"],
-            registry=r,
-        )
         self.reports_dropped = Counter(
             "specctl_reports_dropped",
             "Step reports lost before reaching the sidecar: drops the engines reported "
             "plus gaps in report sequence numbers.",
             registry=r,
         )
-        cd = ["workload_class", "drafter"]
-        self.request_rounds = ReportCounter(
-            "specctl_request_rounds",
-            "Speculative request-rounds (one request in one step with a drafter).",
-            cd,
-            registry=r,
-        )
-        self.draft_tokens = ReportCounter(
-            "specctl_draft_tokens", "Draft tokens verified by the target.", cd, registry=r
-        )
-        self.accepted_tokens = ReportCounter(
-            "specctl_accepted_tokens", "Draft tokens accepted by the target.", cd, registry=r
-        )
-        self.accepted_tokens_per_position = ReportCounter(
-            "specctl_accepted_tokens_per_position",
-            "Request-rounds that accepted at least `position` draft tokens.",
-            [*cd, "position"],
-            registry=r,
-        )
-        self.arm_rounds = ReportCounter(
-            "specctl_arm_rounds",
-            "Request-rounds by the arm the engine applied (off included).",
-            ["workload_class", "arm"],
-            registry=r,
-        )
-        ctx = ["workload_class", "load_bucket"]
-        self.arm_probability = Gauge(
-            "specctl_arm_probability",
-            "Probability of each arm in the current policy.",
-            [*ctx, "arm"],
-            registry=r,
-        )
-        self.chosen_arm_goodput = Gauge(
-            "specctl_chosen_arm_goodput_tokens_per_second",
-            "Estimated goodput of the most likely arm (committed tokens per second).",
-            ctx,
-            registry=r,
-        )
-        self.no_spec_goodput = Gauge(
-            "specctl_no_spec_goodput_tokens_per_second",
-            "Estimated goodput without speculation (committed tokens per second).",
-            ctx,
-            registry=r,
-        )
-        self.speculation_off = Gauge(
-            "specctl_speculation_off",
-            "1 when the most likely arm of the context is off.",
-            ctx,
-            registry=r,
-        )
+        self.book = BookStatsExporter(r)
         self.decision_stability = DecisionStabilityExporter(r)
-        self.switch_offs = Counter(
-            "specctl_switch_offs",
-            "Times a context's most likely arm changed from a drafter to off.",
-            ["workload_class"],
-            registry=r,
-        )
-        self.probe_rounds = ReportCounter(
-            "specctl_probe_rounds",
-            "Speculative request-rounds applied while the context's most likely arm is off.",
-            ["workload_class"],
-            registry=r,
-        )
-        self.learned_until = Gauge(
-            "specctl_learned_until_timestamp_seconds",
-            "End (unix time) of the latest engine step the policy has learned from: how far "
-            "behind the engines the sidecar is, and the instant its counters speak for.",
-            registry=r,
-        )
         self.engines_connected = Gauge(
             "specctl_engines_connected", "Engines with an open stream.", registry=r
         )
@@ -245,9 +273,6 @@ class SidecarMetrics:
             "Largest policy age reported by the connected engines.",
             registry=r,
         )
-        self.policy_version = Gauge(
-            "specctl_policy_version", "Version of the current policy.", registry=r
-        )
         self.policy_pushes = Counter(
             "specctl_policy_pushes", "Policies sent to engines.", registry=r
         )
@@ -257,19 +282,15 @@ class SidecarMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.classes = Gauge(
-            "specctl_classes", "Workload classes the policy keeps apart.", registry=r
-        )
-        self.class_overflow = Counter(
-            "specctl_class_overflow",
-            "Request rows whose class was folded into the default class (max_classes reached).",
-            registry=r,
-        )
         self.build_info = Gauge(
             "specctl_build_info", "The running specctl version.", ["version"], registry=r
         )
         self.build_info.labels(version=__version__).set(1)
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def watch(self, book: PolicyBook) -> None:
+        """Export what ``book`` counts and how its published decisions move."""
+        self.book.watch(book.stats)
+        self.decision_stability.watch(book.stability_trackers, book.clock)
 
     def exposition(self) -> CollectorRegistry:
         """What /metrics serves: these metrics (the state keeper's and the decision
@@ -279,16 +300,3 @@ class SidecarMetrics:
         exposed.register(self.registry)
         exposed.register(REGISTRY)
         return exposed
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: the report path calls this per class and arm."""
-        key = (id(metric), labels)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        return found
-
-    def remove(self, metric: Any, *labels: str) -> None:
-        """Drop a labelled series (e.g. an arm no longer in a distribution)."""
-        if self._children.pop((id(metric), labels), None) is not None:
-            metric.remove(*labels)

@@ -18,7 +18,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from specctl.logs import get_logger
 from specctl.policy.base import Policy
 from specctl.policy.registry import make_policy
 from specctl.protocol.hello import MAX_TEXT_FIELD_LEN, HelloError, validate_hello
+from specctl.protocol.policy_messages import evidence_message, policy_message
 from specctl.protocol.reports import ReportError, decode_step_report
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import (
@@ -45,6 +46,7 @@ from specctl.sidecar.config import (
     unix_socket_path,
 )
 from specctl.sidecar.metrics import SidecarMetrics
+from specctl.sidecar.published import EnginePolicy
 from specctl.sidecar.state import StateKeeper
 from specctl.sidecar.tls import CertificateFiles, parse_names, peer_common_names
 from specctl.steps import StepBatch, validate_class_name
@@ -63,6 +65,30 @@ GARBAGE = "a message on the stream is not a valid specctl.v1.EngineMessage"
 # Validated reports waiting to be learned; beyond this, reports are refused as overloaded.
 TRANSPORT_LIMIT_FACTOR = 4
 MAX_PENDING_REPORTS = 1024
+
+
+class PolicyMessages:
+    """The ``Policy`` message of each engine view of the current version, built once.
+
+    Engines that offer the same drafters share a view (the book keeps them per
+    version and offer), and building a message for every push would cost a
+    millisecond per engine.
+    """
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._version = -1
+        self._built: dict[int, tuple[EnginePolicy, pb.Policy]] = {}
+
+    def policy(self, view: EnginePolicy) -> pb.Policy:
+        if view.version != self._version:
+            self._built.clear()
+            self._version = view.version
+        found = self._built.get(id(view))
+        if found is None or found[0] is not view:
+            found = (view, policy_message(view, self.clock()))
+            self._built[id(view)] = found
+        return found[1]
 
 
 class Outbox:
@@ -222,13 +248,13 @@ class SpecControllerService(pb_grpc.SpecControllerServicer):
     async def GetPolicy(
         self, request: pb.GetPolicyRequest, context: grpc.aio.ServicerContext
     ) -> pb.Policy:
-        return self.sidecar.book.full_policy()
+        return self.sidecar.messages.policy(self.sidecar.book.full_policy())
 
     async def GetEvidence(
         self, request: pb.GetEvidenceRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetEvidenceResponse:
         try:
-            return self.sidecar.book.evidence(request.workload_class or None)
+            return evidence_message(self.sidecar.book.evidence(request.workload_class or None))
         except UnknownClassError:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -299,9 +325,7 @@ class SpecControllerAdminService(pb_grpc.SpecControllerAdminServicer):
         return pb.ResetClassResponse(policy_version=version)
 
 
-def build_book(
-    config: SidecarConfig, metrics: SidecarMetrics, policy: Policy | None = None
-) -> PolicyBook:
+def build_book(config: SidecarConfig, policy: Policy | None = None) -> PolicyBook:
     """A PolicyBook as the configuration describes it (``policy`` replaces the configured one)."""
     pc = config.policy
     book = PolicyBook(
@@ -314,7 +338,6 @@ def build_book(
         load_bucket_bounds=pc.load_bucket_bounds,
         fallback_arm=parse_arm(pc.fallback_arm) if pc.fallback_arm else None,
         push_threshold=pc.push_threshold,
-        metrics=metrics,
     )
     for cls, arm in pc.overrides.items():
         book.set_override(cls, parse_arm(arm))
@@ -338,7 +361,9 @@ class Sidecar:
         self.config = config
         self.flag_overrides = dict(flag_overrides or {})
         self.metrics = SidecarMetrics()
-        self.book = build_book(config, self.metrics, policy)
+        self.book = build_book(config, policy)
+        self.metrics.watch(self.book)
+        self.messages = PolicyMessages(self.book.clock)
         self.state: StateKeeper | None = None
         if config.state.dir:
             pc = config.policy
@@ -365,7 +390,7 @@ class Sidecar:
         self._metrics_httpd: Any = None
         self._policy_changed: asyncio.Event | None = None
         # validated reports waiting for the next learning round (bounded)
-        self._pending: list[tuple[StepBatch, float | None]] = []
+        self._pending: list[tuple[StepBatch, float]] = []
         self._ingest_ready: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._config_mtime = self._mtime()
@@ -507,7 +532,7 @@ class Sidecar:
         self.metrics.engines_connected.set(len(self.sessions))
         if self.book.offer(session.offered):
             self.notify_policy_changed()
-        policy = self.book.policy_for(session.offered, session.fallback)
+        policy = self.messages.policy(self.book.policy_for(session.offered, session.fallback))
         session.pushed_version = policy.version
         session.outbox.put_policy(policy)
         log.info(
@@ -603,8 +628,7 @@ class Sidecar:
             m.reports_dropped.inc(batch.sequence - session.last_sequence - 1)
         session.last_sequence = batch.sequence
         if self._ingest_ready is None:  # not serving (in-process use): learn right away
-            if self.book.ingest(batch, received_at):
-                self.notify_policy_changed()
+            self._learn([(batch, received_at)])
             return
         self._pending.append((batch, received_at))
         self._ingest_ready.set()
@@ -620,7 +644,16 @@ class Sidecar:
 
     def ingest_pending(self) -> None:
         pending, self._pending = self._pending, []
-        if pending and self.book.ingest_many(pending):
+        if pending:
+            self._learn(pending)
+
+    def _learn(self, pending: list[tuple[StepBatch, float]]) -> None:
+        changed = self.book.ingest_many([batch for batch, _ in pending])
+        learned_at = time.perf_counter()
+        for _, received_at in pending:
+            self.metrics.policy_update_latency.observe(learned_at - received_at)
+        self.book.refresh_estimates()
+        if changed:
             self.notify_policy_changed()
 
     def _take_report_token(self, session: Session, now: float) -> bool:
@@ -696,7 +729,9 @@ class Sidecar:
         """
         for session in list(self.sessions):
             if republish or session.pushed_version < self.book.version:
-                policy = self.book.policy_for(session.offered, session.fallback)
+                policy = self.messages.policy(
+                    self.book.policy_for(session.offered, session.fallback)
+                )
                 session.pushed_version = policy.version
                 session.outbox.put_policy(policy)
 

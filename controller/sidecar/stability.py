@@ -8,7 +8,8 @@ choice stays thin. Per (workload class, load bucket) the
 and feeds it every distribution it publishes. It is a plain stats object, in
 the manner of vLLM's ``SpecDecodingStats``: it knows nothing of Prometheus or
 gRPC; the exporter in :mod:`specctl.sidecar.metrics` and
-``PolicyBook.evidence`` read it, and reading never changes it.
+``PolicyBook.evidence`` read it (:mod:`specctl.protocol.policy_messages` puts
+it in messages), and reading never changes it.
 
 What it measures, per context:
 
@@ -34,11 +35,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from specctl.arms import Arm, parse_arm
+from specctl.arms import Arm
 from specctl.policy.base import Decision
 
 # Another arm must beat the current mode's probability by this much to take over.
@@ -79,39 +79,6 @@ class StabilityStats:
     change_tv_recent: float
     mode_flips_per_minute: float
     change_tv_per_second: float
-
-    def to_proto(self, message: Any) -> None:
-        """Fill a ``specctl.v1.DecisionStability`` message."""
-        message.mode_arm = self.mode.name
-        message.mode_since_unix_s = self.mode_since
-        message.mode_dwell_s = self.mode_dwell_s
-        message.mode_flips_total = self.mode_flips_total
-        message.changes_total = self.changes_total
-        message.change_tv_total = self.change_tv_total
-        message.window_s = self.window_s
-        message.mode_flips_recent = self.mode_flips_recent
-        message.changes_recent = self.changes_recent
-        message.change_tv_recent = self.change_tv_recent
-        message.mode_flips_per_minute = self.mode_flips_per_minute
-        message.change_tv_per_second = self.change_tv_per_second
-
-    @staticmethod
-    def from_proto(message: Any) -> StabilityStats:
-        """The stats a ``specctl.v1.DecisionStability`` carries (from ``GetEvidence``)."""
-        return StabilityStats(
-            mode=parse_arm(message.mode_arm),
-            mode_since=message.mode_since_unix_s,
-            mode_dwell_s=message.mode_dwell_s,
-            mode_flips_total=int(message.mode_flips_total),
-            changes_total=int(message.changes_total),
-            change_tv_total=message.change_tv_total,
-            window_s=message.window_s,
-            mode_flips_recent=int(message.mode_flips_recent),
-            changes_recent=int(message.changes_recent),
-            change_tv_recent=message.change_tv_recent,
-            mode_flips_per_minute=message.mode_flips_per_minute,
-            change_tv_per_second=message.change_tv_per_second,
-        )
 
 
 class DecisionStability:
@@ -238,16 +205,3 @@ class DecisionStability:
             mode_flips_per_minute=60.0 * flips / per,
             change_tv_per_second=tv / per,
         )
-
-
-def stability_by_context(response: Any) -> dict[tuple[str, int], StabilityStats]:
-    """Per (workload class, load bucket), the stability a ``GetEvidenceResponse`` carries.
-
-    For gRPC clients (the demo's live view, scripts): contexts without a
-    stability message (a sidecar older than this field) are left out.
-    """
-    out: dict[tuple[str, int], StabilityStats] = {}
-    for ce in response.classes:
-        if ce.HasField("stability"):
-            out[(ce.workload_class, int(ce.load_bucket))] = StabilityStats.from_proto(ce.stability)
-    return out

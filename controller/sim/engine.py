@@ -33,11 +33,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from specctl.api import pb
 from specctl.arms import OFF, Arm
 from specctl.engine.policy_view import PolicyView, compile_policy, fallback_view
+from specctl.protocol.policy_messages import policy_message
 from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.published import EnginePolicy
 from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 from specctl.sim.table import TargetModel
 from specctl.steps import StepRecord
@@ -335,9 +336,10 @@ class InProcessLink:
         book.offer(self.offered)
         self._apply(book.policy_for(self.offered, fallback))
 
-    def _apply(self, policy: pb.Policy) -> None:
+    def _apply(self, policy: EnginePolicy) -> None:
         if policy.version != self.view.version:
-            self.view = compile_policy(policy, self.offered)
+            message = policy_message(policy, self.book.clock())
+            self.view = compile_policy(message, self.offered)
             self.policy_versions += 1
 
     def push(self, record: StepRecord) -> None:
