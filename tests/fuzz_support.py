@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from specctl.api import pb
 from specctl.protocol.hello import HelloError, validate_hello
 from specctl.sidecar.config import load_config
-from specctl.sidecar.server import Session, Sidecar
+from specctl.sidecar.server import Sidecar
+from specctl.sidecar.sessions import Session
 
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)
@@ -166,11 +167,9 @@ def fuzz_sidecar(policy: str = "specctl") -> tuple[Sidecar, Session]:
         drafters=[pb.Drafter(method="ngram", max_k=4), pb.Drafter(method="eagle3", max_k=2)],
         fallback_arm="off",
     )
-    offered, fallback = validate_hello(hello)
-    session = Session(
-        engine_id=hello.engine_id, offered=offered, fallback=fallback, hello=hello, peer="fuzz"
-    )
-    sidecar.add_session(session)
+    session = sidecar.admission.open_session(hello, peer="fuzz")
+    sidecar.sessions.add(session)
+    sidecar.publisher.welcome(session)
     return sidecar, session
 
 
@@ -184,11 +183,11 @@ def feed(sidecar: Sidecar, session: Session, message: pb.EngineMessage) -> str:
     if kind == "report":
         session.outbox.rejections.clear()
         session.last_sequence = None  # any sequence is fresh: validate the rest
-        sidecar.handle_report(session, message.report, time.perf_counter())
+        sidecar.learner.submit(session, message.report, time.perf_counter())
         session.outbox.policy = None
         return "rejected" if session.outbox.rejections else "learned"
     if kind == "status":
-        sidecar.handle_status(session, message.status)
+        sidecar.sessions.handle_status(session, message.status)
         return "status"
     if kind == "hello":
         try:

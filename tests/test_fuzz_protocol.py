@@ -163,7 +163,7 @@ def test_after_fuzzing_the_server_serves_and_holds_no_sessions(live) -> None:
 
 def test_an_engine_that_never_reads_holds_a_bounded_outbox(live) -> None:
     """4000 rejected reports to an engine that reads nothing: at most 64 wait for it."""
-    from specctl.sidecar.server import MAX_PENDING_REJECTIONS
+    from specctl.sidecar.sessions import MAX_PENDING_REJECTIONS
 
     sc, good = live
     bad = report(1, drafted=(4, 0), accepted=(5, 0))  # accepted above drafted: rejected

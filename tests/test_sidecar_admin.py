@@ -118,3 +118,11 @@ def test_override_command(sidecar_factory, token_file, capsys) -> None:
     assert main([*args, "chat", "--clear"]) == 0
     assert sc.run(lambda: sc.sidecar.book.overrides) == {}
     assert main([*args, "chat"]) == 2
+
+
+def test_every_admin_method_is_unary_so_the_interceptor_guards_it() -> None:
+    # AdminAuthInterceptor wraps unary handlers and refuses any other kind outright
+    service = pb.DESCRIPTOR.services_by_name["SpecControllerAdmin"]
+    assert [m.name for m in service.methods] == ["SetOverride", "ResetClass"]
+    for method in service.methods:
+        assert not method.client_streaming and not method.server_streaming, method.name

@@ -20,7 +20,8 @@ from specctl.api import SERVICE_NAME, pb, pb_grpc
 from specctl.arms import OFF
 from specctl.policy.static import StaticPolicy
 from specctl.sidecar.config import load_config, unix_socket_path
-from specctl.sidecar.server import Outbox, SidecarThread
+from specctl.sidecar.server import SidecarThread
+from specctl.sidecar.sessions import Outbox
 from specctl.steps import StepBatch
 
 
