@@ -4,12 +4,15 @@ policy ends up on another drafter or off there."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specctl.arms import OFF
 from specctl.policy.registry import make_policy
+from specctl.sidecar.admission import Refused
 from specctl.sidecar.book import PolicyBook
 from specctl.sim.engine import InProcessLink, SimulatedEngine, World
 from specctl.sim.scenario import build_scenarios
+from specctl.steps import StepRecord
 
 STEPS = 2000
 
@@ -34,3 +37,34 @@ def test_qwen3_8b_math500_leaves_eagle3() -> None:
     # and over the run EAGLE-3 got little of math500's traffic
     share = record.rounds[math500, eagle3].sum() / record.rounds[math500].sum()
     assert share < 0.2
+
+
+def _step(arm: str, sequence: int) -> StepRecord:
+    return StepRecord(
+        step_index=sequence,
+        step_time_s=0.02,
+        batch_size=1,
+        num_scheduled_tokens=1,
+        policy_version=1,
+        load_bucket=0,
+        step_end_unix_s=1.7e9,
+        classes=["chat"],
+        arms=[arm],
+        propensity=[1.0],
+        drafted=[0],
+        accepted=[0],
+    )
+
+
+def test_the_in_process_link_admits_through_the_servers_admission() -> None:
+    book = PolicyBook(make_policy("static", {"arm": "ngram/k=4"}))
+    with pytest.raises(Refused, match=r"hello.drafters\[0\].max_k=99"):
+        InProcessLink(book, {"ngram": 99})
+    link = InProcessLink(book, {"ngram": 4}, report_every=1)
+    link.push(_step("ngram/k=4", 1))
+    assert link.admission.metrics.reports_received._value.get() == 1
+    assert "chat" in book.classes
+    with pytest.raises(RuntimeError, match="drafter 'eagle3' was not offered"):
+        link.push(_step("eagle3/k=2", 2))
+    rejected = link.admission.metrics.reports_rejected.labels("unknown_arm")._value.get()
+    assert rejected == 1

@@ -7,7 +7,9 @@ drafters (name -> largest K) and fallback arm as values it can trust.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+from specctl import __version__
 from specctl.api import pb
 from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
 
@@ -51,3 +53,24 @@ def validate_hello(hello: pb.Hello) -> tuple[dict[str, int], Arm]:
             f"hello.fallback_arm={hello.fallback_arm!r} is not among the drafters offered"
         )
     return offered, fallback
+
+
+def hello_message(
+    engine_id: str,
+    offered: Mapping[str, int],
+    fallback: Arm,
+    *,
+    model: str = "",
+    vllm_version: str = "",
+    max_batch_size: int = 0,
+) -> pb.Hello:
+    """The Hello of an engine offering ``offered`` (drafter -> max K) with ``fallback``."""
+    return pb.Hello(
+        engine_id=engine_id,
+        model=model,
+        vllm_version=vllm_version,
+        drafters=[pb.Drafter(method=d, max_k=k) for d, k in sorted(offered.items())],
+        max_batch_size=max_batch_size,
+        fallback_arm=fallback.name,
+        specctl_version=__version__,
+    )

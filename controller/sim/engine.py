@@ -11,10 +11,11 @@ per step: for each (class, load bucket) present it samples an arm from its
 compiled :class:`~specctl.engine.policy_view.PolicyView` (one sample per
 class per step, applied to every request of the class), records the step as a
 :class:`~specctl.steps.StepRecord`, and every ``report_every`` steps sends
-``encode_step_report`` to a link. :class:`InProcessLink` decodes and validates
-it with ``decode_step_report``, feeds the :class:`~specctl.sidecar.book.PolicyBook`
-and compiles ``policy_for`` back into the engine, exactly as the sidecar and
-the engine's client do across gRPC (:mod:`specctl.sim.grpc_link`).
+``encode_step_report`` to a link. :class:`InProcessLink` admits it through the
+sidecar's :class:`~specctl.sidecar.admission.Admission` (which decodes and
+validates it), feeds the :class:`~specctl.sidecar.book.PolicyBook` and compiles
+the ``Policy`` message of ``policy_for`` back into the engine, as the sidecar
+and the engine's client do across gRPC (:mod:`specctl.sim.grpc_link`).
 
 Time. A step of ``B`` requests lasts ``base_step_time(B) / B * sum_i cost_i``
 (times a small log-normal noise), where ``cost_i`` is the cost of request i's
@@ -26,6 +27,7 @@ step do not pay for each other's drafts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,14 +37,21 @@ import numpy.typing as npt
 
 from specctl.arms import OFF, Arm
 from specctl.engine.policy_view import PolicyView, compile_policy, fallback_view
+from specctl.protocol.hello import hello_message
 from specctl.protocol.policy_messages import policy_message
-from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.protocol.reports import encode_step_report
+from specctl.sidecar.admission import Admission
 from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.config import ServerConfig
+from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.published import EnginePolicy
+from specctl.sidecar.sessions import Sessions
 from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
 from specctl.sim.table import TargetModel
 from specctl.steps import StepRecord
 
+# the largest server.max_reports_per_s: simulated steps are not paced in real time
+MAX_REPORTS_PER_S = 1e6
 STEP_TIME_NOISE = 0.02  # log-normal sigma of a step's wall time
 BLOCK_STEPS = 50  # resolution of the per-class accounting over time
 START_UNIX_S = 1_790_000_000.0
@@ -308,11 +317,15 @@ class SimulatedEngine:
 
 
 class InProcessLink:
-    """The sidecar's path without the network: encode, validate, ingest, compile the policy.
+    """The sidecar's path without the network: admit, learn, compile the policy.
 
-    Every ``report_every`` steps the records become one ``StepReport``, which
-    is decoded and validated as the sidecar does, ingested by the book, and
-    the book's policy for this engine compiled into the engine's view.
+    The engine's hello opens a session through the server's
+    :class:`~specctl.sidecar.admission.Admission`; every ``report_every``
+    steps the records become one ``StepReport``, admitted as the server admits
+    it (the rate limit aside: simulated steps come faster than real ones),
+    learned by the book, and the book's policy for this engine compiled, as a
+    ``Policy`` message, into the engine's view. A report the admission refuses
+    is a bug in the simulator: it raises.
     """
 
     def __init__(
@@ -327,11 +340,19 @@ class InProcessLink:
         self.book = book
         self.offered = dict(offered)
         self.fallback = fallback
-        self.engine_id = engine_id
         self.report_every = report_every
         self.sequence = 0
         self.policy_versions = 0
         self._pending: list[StepRecord] = []
+        metrics = SidecarMetrics()
+        self.admission = Admission(
+            ServerConfig(max_reports_per_s=MAX_REPORTS_PER_S),
+            Sessions(metrics),
+            metrics,
+            num_load_buckets=book.num_load_buckets,
+        )
+        hello = hello_message(engine_id, self.offered, fallback, vllm_version="simulated")
+        self.session = self.admission.open_session(hello, peer="in-process")
         self.view: PolicyView = fallback_view(fallback)
         book.offer(self.offered)
         self._apply(book.policy_for(self.offered, fallback))
@@ -353,12 +374,10 @@ class InProcessLink:
         self.sequence += 1
         report = encode_step_report(self.sequence, self._pending)
         self._pending = []
-        batch = decode_step_report(
-            report,
-            engine_id=self.engine_id,
-            offered=self.offered,
-            num_load_buckets=self.view.num_load_buckets,
-        )
+        batch = self.admission.admit_report(self.session, report, time.perf_counter(), backlog=0)
+        if batch is None:
+            rejected = self.session.outbox.rejections.pop()
+            raise RuntimeError(f"the simulator's report was refused: {rejected.message}")
         self.book.ingest(batch)
         if self.book.version != self.view.version:
             self._apply(self.book.policy_for(self.offered, self.fallback))

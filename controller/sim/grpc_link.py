@@ -13,12 +13,11 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from specctl import __version__
-from specctl.api import pb
 from specctl.arms import OFF, Arm
 from specctl.engine.client import SidecarClient
 from specctl.engine.config import EngineConfig
 from specctl.engine.policy_view import PolicyView
+from specctl.protocol.hello import hello_message
 from specctl.sim.engine import RunRecord, SimulatedEngine, World
 from specctl.sim.scenario import Scenario
 from specctl.steps import StepRecord
@@ -51,14 +50,13 @@ class GrpcLink:
             engine_id=engine_id,
             report_interval_s=report_interval_s,
         )
-        hello = pb.Hello(
-            engine_id=engine_id,
+        hello = hello_message(
+            engine_id,
+            offered,
+            fallback,
             model=model,
             vllm_version="simulated",
-            drafters=[pb.Drafter(method=d, max_k=k) for d, k in sorted(offered.items())],
             max_batch_size=max_batch_size,
-            fallback_arm=fallback.name,
-            specctl_version=__version__,
         )
         self.client = SidecarClient(config, hello, offered, fallback)
         self.client.start()
