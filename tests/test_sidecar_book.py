@@ -302,8 +302,98 @@ def test_a_failing_policy_is_contained_and_counted_as_internal_errors() -> None:
     assert book.decision("default", 0).arms == (parse_arm("ngram/k=2"),)  # kept
     assert len(got) == 1  # the sink still saw the report
     assert _value(book, "specctl_internal_errors_total", where="policy_update") == 1
-    assert _value(book, "specctl_internal_errors_total", where="policy_select") == 1
+    # deciding failed in every context the report could change: default in each bucket
+    assert _value(book, "specctl_internal_errors_total", where="policy_select") == 4
     assert _value(book, "specctl_reports_rejected_total", reason="policy_error") == 0
     book.ingest(_batch([("fresh", "off", 0, 0)]))  # a new class while failing: off
     assert book.decision("fresh", 0).arms == (OFF,)
     assert book.decision("fresh", 0).explanation == "policy failed: off"
+
+
+class PerBucketCostPolicy(SettablePolicy):
+    """Speculates in the load buckets whose steps it saw run fast, for every class there,
+    as a step-cost model learned per load bucket does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fast_buckets: set[int] = set()
+
+    def update_params(self, batch: StepBatch) -> None:
+        super().update_params(batch)
+        for bucket, step_time in zip(batch.load_bucket, batch.step_time_s, strict=True):
+            if step_time < 0.005:
+                self.fast_buckets.add(int(bucket))
+
+    def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        arm = parse_arm("ngram/k=4") if load_bucket in self.fast_buckets else OFF
+        return Decision.point(arm, "per-bucket cost")
+
+
+def _timed_batch(workload_class: str, bucket: int, step_time_s: float, seq: int) -> StepBatch:
+    step = StepRecord(
+        step_index=seq,
+        step_time_s=step_time_s,
+        batch_size=1,
+        num_scheduled_tokens=5,
+        policy_version=1,
+        load_bucket=bucket,
+        step_end_unix_s=1.0,
+        classes=[workload_class],
+        arms=["ngram/k=4"],
+        propensity=[1.0],
+        drafted=[4],
+        accepted=[2],
+    )
+    return decode_step_report(
+        encode_step_report(seq, [step]), engine_id="e", offered=OFFERED, num_load_buckets=4
+    )
+
+
+def test_a_report_republishes_every_class_of_its_load_bucket() -> None:
+    book = PolicyBook(PerBucketCostPolicy())
+    book.offer(OFFERED)
+    book.ingest(_timed_batch("code", bucket=1, step_time_s=0.05, seq=1))
+    assert book.decision("code", 1).arms == (OFF,)
+    version = book.version
+    # chat's fast steps in bucket 1 teach the policy that speculation pays there
+    assert book.ingest(_timed_batch("chat", bucket=1, step_time_s=0.001, seq=2)) is True
+    assert book.version > version
+    ngram = parse_arm("ngram/k=4")
+    for cls in ("chat", "code", "default"):
+        assert book.decision(cls, 1).arms == (ngram,), cls
+        assert book.decision(cls, 0).arms == (OFF,), cls  # no step in bucket 0
+    pushed = {
+        (e.workload_class, e.load_bucket): e.arms for e in book.policy_for(OFFERED, OFF).entries
+    }
+    assert pushed[("code", 1)] == (ngram,)
+
+
+class PerClassAcceptancePolicy(SettablePolicy):
+    """Speculates for the classes whose drafts it saw accepted, at every load, as an
+    acceptance model learned per class does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accepting: set[str] = set()
+
+    def update_params(self, batch: StepBatch) -> None:
+        super().update_params(batch)
+        for c, accepted in zip(batch.class_index, batch.accepted, strict=True):
+            if accepted > 0:
+                self.accepting.add(batch.classes[int(c)])
+
+    def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        arm = parse_arm("ngram/k=4") if workload_class in self.accepting else OFF
+        return Decision.point(arm, "per-class acceptance")
+
+
+def test_a_report_republishes_its_classes_in_every_load_bucket() -> None:
+    book = PolicyBook(PerClassAcceptancePolicy())
+    book.offer(OFFERED)
+    book.ingest(_batch([("chat", "off", 0, 0)], bucket=0))
+    assert book.decision("chat", 3).arms == (OFF,)
+    # accepted drafts in bucket 0 speak for chat's drafts at any load
+    assert book.ingest(_batch([("chat", "ngram/k=4", 4, 3)], bucket=0, seq=2)) is True
+    ngram = parse_arm("ngram/k=4")
+    assert [book.decision("chat", b).arms for b in range(4)] == [(ngram,)] * 4
+    assert [book.decision("default", b).arms for b in range(4)] == [(OFF,)] * 4

@@ -184,7 +184,7 @@ def test_stats_round_trip_through_the_proto() -> None:
 
 
 class SettablePolicy(Policy):
-    """The same distribution in every context, set by the test."""
+    """The test's distribution in one context (chat at load bucket 0); off elsewhere."""
 
     policy_name = "settable"
 
@@ -198,6 +198,8 @@ class SettablePolicy(Policy):
         pass
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        if (workload_class, load_bucket) != ("chat", 0):
+            return _d({"off": 1.0})
         return _d(self.distribution)
 
     def state_dict(self) -> PolicyState:
@@ -256,7 +258,7 @@ def test_the_book_tracks_what_it_publishes_and_exports_it() -> None:
     # from off=1 to 0.1/0.9 is 0.9, then six moves of 0.8
     assert stats.change_tv_total == pytest.approx(0.9 + 6 * 0.8)
     assert stats.mode == NGRAM and stats.mode_dwell_s == 30.0  # the 8th report speculated
-    # only contexts with rows learned anything: the other buckets never moved
+    # the trackers are per context: the contexts whose decision never changed never moved
     assert book.stability("chat", 1).changes_total == 0
     assert book.stability("default", 0).mode_flips_total == 0
     assert set(book.stability_by_context()) == {
@@ -367,7 +369,8 @@ def test_the_specctl_policy_on_steady_traffic_settles_without_flips() -> None:
 
 
 class FollowsLastReport(Policy):
-    """Speculates after a report with accepted drafts, not after one without."""
+    """For chat at load bucket 0, speculates after a report with accepted drafts, not after
+    one without; off elsewhere."""
 
     policy_name = "follows-last-report"
 
@@ -381,6 +384,8 @@ class FollowsLastReport(Policy):
         self.speculate = bool(batch.accepted.sum() > 0)
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
+        if (workload_class, load_bucket) != ("chat", 0):
+            return _d({"off": 1.0})
         if self.speculate:
             return _d({"off": 0.1, "ngram/k=4": 0.9})
         return _d({"off": 0.9, "ngram/k=4": 0.1})

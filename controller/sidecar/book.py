@@ -281,14 +281,11 @@ class PolicyBook:
                 sequence=folded[0].sequence,
                 reports=len(folded),
             )
-        # Only the contexts this report has rows for can have learned anything new.
-        keys = np.unique(batch.class_index * self.num_load_buckets + rows_bucket)
-        contexts = [
-            (batch.classes[int(k) // self.num_load_buckets], int(k) % self.num_load_buckets)
-            for k in keys
-        ]
-        changed = self._republish(contexts, force=False)
-        self._stale_evidence.update(contexts)
+        changed = self._republish(self._touched(batch), force=False)
+        # the estimates of the contexts with rows moved, whether or not their decision did
+        nb = self.num_load_buckets
+        keys = np.unique(batch.class_index * nb + rows_bucket).tolist()
+        self._stale_evidence.update((batch.classes[k // nb], k % nb) for k in keys)
         if new_classes and not changed:
             self._bump()
             changed = True
@@ -300,6 +297,20 @@ class PolicyBook:
                     stats.count_internal_error("sink")
                     log.exception("sink_failed", sink=getattr(sink, "__qualname__", repr(sink)))
         return changed
+
+    def _touched(self, batch: StepBatch) -> list[Context]:
+        """The contexts whose decision a batch can change.
+
+        A policy's models are shared between contexts: step cost per load
+        bucket, acceptance per class. So every class of a load bucket the
+        batch's steps ran in, and every load bucket of a class it has rows for.
+        """
+        nb = self.num_load_buckets
+        buckets = np.unique(batch.load_bucket).tolist()
+        classes = [batch.classes[i] for i in np.unique(batch.class_index).tolist()]
+        by_bucket = [(cls, b) for b in buckets for cls in self._classes]
+        by_class = [(cls, b) for cls in classes for b in range(nb)]
+        return list(dict.fromkeys(by_bucket + by_class))
 
     def _fold_classes(self, batch: StepBatch) -> tuple[StepBatch, bool]:
         """The batch with its classes folded into those the book keeps; True if any is new."""
