@@ -19,7 +19,9 @@ from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 from specctl.api import SERVICE_NAME, pb, pb_grpc
 from specctl.arms import OFF
 from specctl.policy.static import StaticPolicy
+from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import load_config, unix_socket_path
+from specctl.sidecar.publishing import PolicyMessages
 from specctl.sidecar.server import SidecarThread
 from specctl.sidecar.sessions import Outbox
 from specctl.steps import StepBatch
@@ -269,9 +271,11 @@ def test_a_settled_policy_is_republished_as_a_heartbeat(sidecar_factory) -> None
         engine.send(hello("heartbeat-engine"))
         first = engine.recv_policy()
         again = engine.recv_policy(timeout=5.0)
-        # Nothing changed, yet the same version arrives again: the engine's policy age resets.
+        # Nothing changed, yet the same version arrives again, issued anew: the engine's
+        # policy age resets.
         assert again.version == first.version
-        assert again.issued_unix_s >= first.issued_unix_s
+        assert again.issued_unix_s > first.issued_unix_s
+        assert list(again.entries) == list(first.entries)
     finally:
         engine.close()
 
@@ -330,3 +334,15 @@ def test_a_policy_exception_is_an_internal_error_not_a_rejected_report() -> None
     # the reports were valid: nothing feeds the rejection ratio or its alert
     assert m["specctl_reports_received_total"] == 3
     assert not [k for k in m if k.startswith("specctl_reports_rejected_total")]
+
+
+def test_a_cached_policy_message_is_stamped_each_time_it_is_sent() -> None:
+    now = [1000.0]
+    book = PolicyBook(StaticPolicy(OFF), clock=lambda: now[0])
+    messages = PolicyMessages(book.clock)
+    first = messages.policy(book.full_policy())
+    now[0] = 1010.0
+    again = messages.policy(book.full_policy())
+    assert (first.issued_unix_s, again.issued_unix_s) == (1000.0, 1010.0)
+    assert again.version == first.version and list(again.entries) == list(first.entries)
+

@@ -21,11 +21,12 @@ from specctl.sidecar.sessions import Session, Sessions
 
 
 class PolicyMessages:
-    """The ``Policy`` message of each engine view of the current version, built once.
+    """The ``Policy`` message of each engine view of the current version, built once
+    and stamped with ``issued_unix_s`` each time it is sent.
 
     Engines that offer the same drafters share a view (the book keeps them per
     version and offer), and building a message for every push would cost a
-    millisecond per engine.
+    millisecond per engine; copying a built one costs a tenth of that.
     """
 
     def __init__(self, clock: Callable[[], float]) -> None:
@@ -39,9 +40,12 @@ class PolicyMessages:
             self._version = view.version
         found = self._built.get(id(view))
         if found is None or found[0] is not view:
-            found = (view, policy_message(view, self.clock()))
+            found = (view, policy_message(view, issued_unix_s=0.0))
             self._built[id(view)] = found
-        return found[1]
+        message = pb.Policy()
+        message.CopyFrom(found[1])
+        message.issued_unix_s = self.clock()
+        return message
 
 
 class Publisher:
