@@ -346,3 +346,53 @@ def test_the_engine_client_connects_over_mutual_tls(sidecar_factory, pki: Pki) -
         client.close()
     with pytest.raises(EngineConfigError, match="go together"):
         EngineConfig.load({**env, "SPECCTL_TLS_KEY_FILE": ""})
+
+
+def test_the_client_commands_reach_a_mutual_tls_sidecar(
+    sidecar_factory, pki: Pki, tmp_path: Path, capsys
+) -> None:
+    from specctl.cli import main
+
+    sc = sidecar_factory(
+        "tcp",
+        server_tls_cert_file=str(pki.dir / "server.pem"),
+        server_tls_key_file=str(pki.dir / "server.key"),
+        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        admin_enabled=True,
+        admin_client_cns="ops-admin",
+    )
+    for who, pem in (("operator", pki.operator), ("engine", pki.engine)):
+        (tmp_path / f"{who}.pem").write_bytes(pem.cert)
+        (tmp_path / f"{who}.key").write_bytes(pem.key)
+
+    def tls(who: str) -> list[str]:
+        return [
+            "--address",
+            sc.address,
+            "--tls-ca-file",
+            str(pki.dir / "ca.pem"),
+            "--tls-cert-file",
+            str(tmp_path / f"{who}.pem"),
+            "--tls-key-file",
+            str(tmp_path / f"{who}.key"),
+        ]
+
+    # the documented admin path: the operator's client certificate, no token
+    assert main(["override", *tls("operator"), "chat", "off"]) == 0
+    assert "chat: pinned to off" in capsys.readouterr().out
+    assert sc.run(lambda: {c: a.name for c, a in sc.sidecar.book.overrides.items()}) == {
+        "chat": "off"
+    }
+    assert main(["policy", *tls("engine")]) == 0
+    assert "chat" in capsys.readouterr().out
+    assert main(["evidence", *tls("engine"), "--class", "chat"]) == 0
+    assert "[override off]" in capsys.readouterr().out
+    # an engine's certificate reads, but may not pin
+    assert main(["override", *tls("engine"), "chat", "--clear"]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    # without a client certificate the handshake fails; a lone certificate is a usage error
+    assert main(["policy", "--address", sc.address, "--tls-ca-file", str(pki.dir / "ca.pem")]) == 1
+    assert "UNAVAILABLE" in capsys.readouterr().err
+    lone = ["--tls-cert-file", str(tmp_path / "operator.pem")]
+    assert main(["policy", "--address", sc.address, *lone]) == 2
+    assert "--tls-cert-file and --tls-key-file go together" in capsys.readouterr().err

@@ -345,4 +345,3 @@ def test_a_cached_policy_message_is_stamped_each_time_it_is_sent() -> None:
     again = messages.policy(book.full_policy())
     assert (first.issued_unix_s, again.issued_unix_s) == (1000.0, 1010.0)
     assert again.version == first.version and list(again.entries) == list(first.entries)
-

@@ -5,14 +5,16 @@ most likely), how long it has held, and the flips and movement (total
 variation) of the published distribution over the recent window.
 
 The sidecar's address: --address, else $SPECCTL_SERVER_LISTEN, else
-unix:///tmp/specctl.sock.
+unix:///tmp/specctl.sock; over TLS, --tls-ca-file (and, for mutual TLS,
+--tls-cert-file and --tls-key-file).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from specctl.sidecar.client_cli import add_common_arguments, fail, table, target
+from specctl.sidecar.client_cli import add_common_arguments, channel, fail, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +29,14 @@ def run(args: argparse.Namespace) -> int:
 
     from specctl.api import pb, pb_grpc
 
-    with grpc.insecure_channel(target(args.address)) as channel:
+    try:
+        sidecar = channel(args)
+    except ValueError as exc:
+        print(f"specctl evidence: {exc}", file=sys.stderr)
+        return 2
+    with sidecar:
         try:
-            ev = pb_grpc.SpecControllerStub(channel).GetEvidence(
+            ev = pb_grpc.SpecControllerStub(sidecar).GetEvidence(
                 pb.GetEvidenceRequest(workload_class=args.workload_class), timeout=args.timeout
             )
         except grpc.RpcError as exc:

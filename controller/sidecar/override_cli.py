@@ -2,7 +2,8 @@
 the pin. Needs admin.enabled on the sidecar; --token-file when it requires a token.
 
 The sidecar's address: --address, else $SPECCTL_SERVER_LISTEN, else
-unix:///tmp/specctl.sock.
+unix:///tmp/specctl.sock; over TLS, --tls-ca-file (and, for mutual TLS,
+--tls-cert-file and --tls-key-file).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import os
 import sys
 
-from specctl.sidecar.client_cli import add_common_arguments, fail, target
+from specctl.sidecar.client_cli import add_common_arguments, channel, fail
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,9 +41,14 @@ def run(args: argparse.Namespace) -> int:
     if args.token_file:
         with open(args.token_file) as f:
             metadata.append(("authorization", f"Bearer {f.read().strip()}"))
-    with grpc.insecure_channel(target(args.address)) as channel:
+    try:
+        sidecar = channel(args)
+    except ValueError as exc:
+        print(f"specctl override: {exc}", file=sys.stderr)
+        return 2
+    with sidecar:
         try:
-            response = pb_grpc.SpecControllerAdminStub(channel).SetOverride(
+            response = pb_grpc.SpecControllerAdminStub(sidecar).SetOverride(
                 pb.SetOverrideRequest(workload_class=args.workload_class, arm=args.arm or ""),
                 timeout=args.timeout,
                 metadata=metadata,

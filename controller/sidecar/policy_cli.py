@@ -2,14 +2,16 @@
 distribution over arms and why. --json prints the Policy message.
 
 The sidecar's address: --address, else $SPECCTL_SERVER_LISTEN, else
-unix:///tmp/specctl.sock.
+unix:///tmp/specctl.sock; over TLS, --tls-ca-file (and, for mutual TLS,
+--tls-cert-file and --tls-key-file).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from specctl.sidecar.client_cli import add_common_arguments, fail, table, target
+from specctl.sidecar.client_cli import add_common_arguments, channel, fail, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,9 +25,14 @@ def run(args: argparse.Namespace) -> int:
 
     from specctl.api import pb, pb_grpc
 
-    with grpc.insecure_channel(target(args.address)) as channel:
+    try:
+        sidecar = channel(args)
+    except ValueError as exc:
+        print(f"specctl policy: {exc}", file=sys.stderr)
+        return 2
+    with sidecar:
         try:
-            policy = pb_grpc.SpecControllerStub(channel).GetPolicy(
+            policy = pb_grpc.SpecControllerStub(sidecar).GetPolicy(
                 pb.GetPolicyRequest(), timeout=args.timeout
             )
         except grpc.RpcError as exc:
