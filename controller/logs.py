@@ -1,7 +1,8 @@
 """Logging set-up for every specctl process: structlog, JSON in production.
 
 Log lines are events with fields, never prose built from request data; prompt
-text is never logged. ``format="auto"`` writes JSON unless stderr is a
+text is never logged. Each module logs through ``get_logger(__name__)``, so a
+line's ``component`` is the module that wrote it. ``format="auto"`` writes JSON unless stderr is a
 terminal, where a person reads it.
 """
 
@@ -17,8 +18,14 @@ FORMATS = ("auto", "json", "console")
 LEVELS = ("debug", "info", "warning", "error")
 
 
-def configure_logging(format: str = "auto", level: str = "info") -> None:
-    """Route structlog (and the standard ``logging`` module) to stderr."""
+def configure_logging(
+    format: str = "auto", level: str = "info", *, route_stdlib: bool = True
+) -> None:
+    """Route structlog, and with ``route_stdlib`` the standard ``logging`` module, to stderr.
+
+    The engine side runs inside vLLM, whose own logging it leaves alone
+    (``route_stdlib=False``).
+    """
     if format not in FORMATS:
         raise ValueError(f"log format {format!r} must be one of {', '.join(FORMATS)}")
     if level not in LEVELS:
@@ -43,9 +50,15 @@ def configure_logging(format: str = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(stream=sys.stderr, level=max(numeric_level, logging.WARNING), force=True)
+    if route_stdlib:
+        logging.basicConfig(
+            stream=sys.stderr, level=max(numeric_level, logging.WARNING), force=True
+        )
 
 
 def get_logger(name: str) -> Any:
-    """A structlog logger bound to ``component=name``; safe to create at import time."""
+    """A structlog logger bound to ``component=name``; safe to create at import time.
+
+    Every module takes its own: ``log = get_logger(__name__)``.
+    """
     return structlog.get_logger(component=name)

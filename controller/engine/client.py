@@ -24,19 +24,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
-import structlog
 
 from specctl.api import pb, pb_grpc
 from specctl.arms import Arm
 from specctl.engine.config import EngineConfig
 from specctl.engine.policy_view import PolicyError, PolicyView, compile_policy, fallback_view
+from specctl.logs import get_logger
 from specctl.protocol.reports import encode_step_report
 from specctl.steps import StepRecord
 
 if TYPE_CHECKING:
     from specctl.trace.writer import TraceWriter
 
-log = structlog.get_logger("specctl.engine.client")
+log = get_logger(__name__)
 
 # Steps per StepReport at most; a backlog after a reconnect goes out in several reports.
 MAX_STEPS_PER_REPORT = 512

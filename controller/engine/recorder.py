@@ -24,15 +24,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import structlog
-
 from specctl.engine.client import SidecarClient
 from specctl.engine.config import EngineConfig
 from specctl.engine.policy_view import Choice, PolicyView
 from specctl.engine.step_clock import make_step_clock
+from specctl.logs import get_logger
 from specctl.steps import StepRecord, validate_class_name
 
-log = structlog.get_logger("specctl.engine.recorder")
+log = get_logger(__name__)
 
 # Distinct invalid class values warned about; beyond that they are only counted.
 _MAX_WARNED_CLASSES = 100

@@ -27,7 +27,6 @@ the plugin relies on is ``specctl.engine.vllm_compat.INVENTORY``):
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import structlog
@@ -43,8 +42,9 @@ from specctl.engine.vllm_compat import (
     runtime_problems,
     version_supported,
 )
+from specctl.logs import configure_logging, get_logger
 
-log = structlog.get_logger("specctl.engine.scheduler")
+log = get_logger(__name__)
 
 _QUALNAME = "specctl.engine.scheduler.SpecctlScheduler"
 
@@ -76,22 +76,12 @@ def check_vllm_supported() -> None:
 
 
 def _configure_logging() -> None:
-    """JSON lines on stderr unless it is a terminal; leaves vLLM's own logging alone."""
-    if structlog.is_configured():
-        return
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer()
-        if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+    """The sidecar's log set-up, unless the process has one; vLLM's own logging is left alone.
+
+    At debug level: the engine has no log settings of its own, and prints everything it logs.
+    """
+    if not structlog.is_configured():
+        configure_logging("auto", "debug", route_stdlib=False)
 
 
 class _StepK:

@@ -40,7 +40,7 @@ from specctl.sidecar.stability import (
 )
 from specctl.steps import StepBatch, merge_batches, validate_class_name
 
-log = get_logger("specctl.sidecar.book")
+log = get_logger(__name__)
 
 Sink = Callable[[StepBatch], Any]
 # Goodput estimates need a policy.evidence() call per context: refresh them at most this often.

@@ -36,7 +36,7 @@ from specctl.sidecar.snapshot import (
     write_snapshot,
 )
 
-log = get_logger("specctl.sidecar.state")
+log = get_logger(__name__)
 
 DECISION_LOG_DIR = "decisions"
 

@@ -17,7 +17,7 @@ import grpc
 
 from specctl.logs import get_logger
 
-log = get_logger("specctl.sidecar.tls")
+log = get_logger(__name__)
 
 
 def _stamp(path: str) -> tuple[int, int]:

@@ -37,14 +37,14 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import structlog
 
 from specctl.api import pb
 from specctl.decisionlog.files import publish, temporary_path
 from specctl.engine.config import EngineConfig
+from specctl.logs import get_logger
 from specctl.trace.format import REQUEST, TraceMeta, schema
 
-log = structlog.get_logger("specctl.trace.writer")
+log = get_logger(__name__)
 
 FORGET_AFTER_STEPS = 8192
 _FORGET_EVERY_STEPS = 1024
