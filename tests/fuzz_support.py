@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from specctl.api import pb
 from specctl.protocol.hello import HelloError, validate_hello
+from specctl.protocol.reports import ROW_COLUMNS, STEP_COLUMNS
 from specctl.sidecar.config import load_config
 from specctl.sidecar.server import Sidecar
 from specctl.sidecar.sessions import Session
@@ -85,23 +86,7 @@ def step_reports(draw: st.DrawFn) -> pb.StepReport:
     )
 
 
-_FIELDS = [
-    "step_index",
-    "step_time_s",
-    "batch_size",
-    "num_scheduled_tokens",
-    "policy_version",
-    "load_bucket",
-    "num_requests",
-    "step_end_unix_s",
-    "class_table",
-    "arm_table",
-    "class_index",
-    "arm_index",
-    "propensity",
-    "drafted",
-    "accepted",
-]
+_FIELDS = [*STEP_COLUMNS, "class_table", "arm_table", *ROW_COLUMNS]
 
 
 @st.composite

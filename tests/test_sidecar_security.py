@@ -118,6 +118,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return p
 
 
+def mutual_tls(pki: Pki) -> dict[str, str]:
+    """The sidecar settings for mutual TLS with the test PKI."""
+    return {
+        "server_tls_cert_file": str(pki.dir / "server.pem"),
+        "server_tls_key_file": str(pki.dir / "server.key"),
+        "server_tls_client_ca_file": str(pki.dir / "ca.pem"),
+    }
+
+
 def channel(address: str, ca: bytes, client: Pem | None = None) -> grpc.Channel:
     creds = grpc.ssl_channel_credentials(
         root_certificates=ca,
@@ -163,9 +172,7 @@ def test_tls_serves_and_refuses_plaintext(sidecar_factory, pki: Pki) -> None:
 def test_mutual_tls_needs_a_client_certificate_from_the_ca(sidecar_factory, pki: Pki) -> None:
     sc = sidecar_factory(
         "tcp",
-        server_tls_cert_file=str(pki.dir / "server.pem"),
-        server_tls_key_file=str(pki.dir / "server.key"),
-        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        **mutual_tls(pki),
     )
     with channel(sc.address, pki.ca.cert, pki.engine) as ch:
         assert get_policy(ch).version >= 1
@@ -222,9 +229,7 @@ def test_admin_by_client_certificate_or_token(sidecar_factory, pki: Pki, tmp_pat
     token.write_text("s3cret-token\n")
     sc = sidecar_factory(
         "tcp",
-        server_tls_cert_file=str(pki.dir / "server.pem"),
-        server_tls_key_file=str(pki.dir / "server.key"),
-        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        **mutual_tls(pki),
         admin_enabled=True,
         admin_token_file=str(token),
         admin_client_cns="ops-admin, oncall",
@@ -309,9 +314,7 @@ def test_the_engine_client_connects_over_mutual_tls(sidecar_factory, pki: Pki) -
 
     sc = sidecar_factory(
         "tcp",
-        server_tls_cert_file=str(pki.dir / "server.pem"),
-        server_tls_key_file=str(pki.dir / "server.key"),
-        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        **mutual_tls(pki),
     )
     (pki.dir / "engine.pem").write_bytes(pki.engine.cert)
     (pki.dir / "engine.key").write_bytes(pki.engine.key)
@@ -355,9 +358,7 @@ def test_the_client_commands_reach_a_mutual_tls_sidecar(
 
     sc = sidecar_factory(
         "tcp",
-        server_tls_cert_file=str(pki.dir / "server.pem"),
-        server_tls_key_file=str(pki.dir / "server.key"),
-        server_tls_client_ca_file=str(pki.dir / "ca.pem"),
+        **mutual_tls(pki),
         admin_enabled=True,
         admin_client_cns="ops-admin",
     )

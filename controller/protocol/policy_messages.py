@@ -72,38 +72,33 @@ def evidence_message(evidence: BookEvidence) -> pb.GetEvidenceResponse:
     return out
 
 
+# StabilityStats attribute -> DecisionStability field; the mode, an Arm, goes by its name.
+_STABILITY_FIELDS = {
+    "mode_since": "mode_since_unix_s",
+    "mode_dwell_s": "mode_dwell_s",
+    "mode_flips_total": "mode_flips_total",
+    "changes_total": "changes_total",
+    "change_tv_total": "change_tv_total",
+    "window_s": "window_s",
+    "mode_flips_recent": "mode_flips_recent",
+    "changes_recent": "changes_recent",
+    "change_tv_recent": "change_tv_recent",
+    "mode_flips_per_minute": "mode_flips_per_minute",
+    "change_tv_per_second": "change_tv_per_second",
+}
+
+
 def fill_stability(message: pb.DecisionStability, stats: StabilityStats) -> None:
     """Fill a ``DecisionStability`` message from a tracker's stats."""
     message.mode_arm = stats.mode.name
-    message.mode_since_unix_s = stats.mode_since
-    message.mode_dwell_s = stats.mode_dwell_s
-    message.mode_flips_total = stats.mode_flips_total
-    message.changes_total = stats.changes_total
-    message.change_tv_total = stats.change_tv_total
-    message.window_s = stats.window_s
-    message.mode_flips_recent = stats.mode_flips_recent
-    message.changes_recent = stats.changes_recent
-    message.change_tv_recent = stats.change_tv_recent
-    message.mode_flips_per_minute = stats.mode_flips_per_minute
-    message.change_tv_per_second = stats.change_tv_per_second
+    for attribute, name in _STABILITY_FIELDS.items():
+        setattr(message, name, getattr(stats, attribute))
 
 
 def stability_stats(message: pb.DecisionStability) -> StabilityStats:
     """The stats a ``DecisionStability`` message carries."""
-    return StabilityStats(
-        mode=parse_arm(message.mode_arm),
-        mode_since=message.mode_since_unix_s,
-        mode_dwell_s=message.mode_dwell_s,
-        mode_flips_total=int(message.mode_flips_total),
-        changes_total=int(message.changes_total),
-        change_tv_total=message.change_tv_total,
-        window_s=message.window_s,
-        mode_flips_recent=int(message.mode_flips_recent),
-        changes_recent=int(message.changes_recent),
-        change_tv_recent=message.change_tv_recent,
-        mode_flips_per_minute=message.mode_flips_per_minute,
-        change_tv_per_second=message.change_tv_per_second,
-    )
+    values = {attribute: getattr(message, name) for attribute, name in _STABILITY_FIELDS.items()}
+    return StabilityStats(mode=parse_arm(message.mode_arm), **values)
 
 
 def stability_by_context(

@@ -78,6 +78,15 @@ def channel(args: argparse.Namespace) -> Any:
     return grpc.secure_channel(address, credentials)
 
 
+def open_channel(command: str, args: argparse.Namespace) -> Any | None:
+    """:func:`channel`, or None after saying on stderr why the TLS flags are unusable."""
+    try:
+        return channel(args)
+    except ValueError as exc:
+        print(f"specctl {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def fail(command: str, exc: Any) -> int:
     code = exc.code().name if hasattr(exc, "code") else "ERROR"
     details = exc.details() if hasattr(exc, "details") else str(exc)

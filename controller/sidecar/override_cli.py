@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from specctl.sidecar.client_cli import add_common_arguments, channel, fail
+from specctl.sidecar.client_cli import add_common_arguments, fail, open_channel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,10 +41,8 @@ def run(args: argparse.Namespace) -> int:
     if args.token_file:
         with open(args.token_file) as f:
             metadata.append(("authorization", f"Bearer {f.read().strip()}"))
-    try:
-        sidecar = channel(args)
-    except ValueError as exc:
-        print(f"specctl override: {exc}", file=sys.stderr)
+    sidecar = open_channel("override", args)
+    if sidecar is None:
         return 2
     with sidecar:
         try:

@@ -9,9 +9,8 @@ unix:///tmp/specctl.sock; over TLS, --tls-ca-file (and, for mutual TLS,
 from __future__ import annotations
 
 import argparse
-import sys
 
-from specctl.sidecar.client_cli import add_common_arguments, channel, fail, table
+from specctl.sidecar.client_cli import add_common_arguments, fail, open_channel, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     from specctl.api import pb, pb_grpc
 
-    try:
-        sidecar = channel(args)
-    except ValueError as exc:
-        print(f"specctl policy: {exc}", file=sys.stderr)
+    sidecar = open_channel("policy", args)
+    if sidecar is None:
         return 2
     with sidecar:
         try:
