@@ -202,6 +202,10 @@ class Sidecar:
             session.error = (grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down")
             session.outbox.close()
         await self._server.stop(grace)
+        # A stream's handler can still be unwinding when the server has stopped; its
+        # session ends here, so the log says every engine left before the sidecar stopped.
+        for session in self.sessions:
+            self.sessions.remove(session)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
