@@ -12,8 +12,6 @@ from structlog.testing import capture_logs
 from specctl.logs import configure_logging, get_logger
 
 CONTROLLER = Path(__file__).resolve().parents[1] / "controller"
-# Files another change reworks; they move to the convention with it.
-NOT_YET = {"decisionlog/writer.py", "sidecar/snapshot.py"}
 OTHER_LOGGERS = re.compile(r"structlog\.get_logger\(|logging\.getLogger\(|get_logger\([\"']")
 
 
@@ -21,14 +19,12 @@ def test_modules_take_their_logger_by_module_name() -> None:
     offenders = []
     for path in sorted(CONTROLLER.rglob("*.py")):
         rel = path.relative_to(CONTROLLER).as_posix()
-        if rel == "logs.py" or rel in NOT_YET or rel.startswith("api/"):
+        if rel == "logs.py" or rel.startswith("api/"):
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if OTHER_LOGGERS.search(line):
                 offenders.append(f"{rel}:{n}: {line.strip()}")
     assert offenders == []
-    for rel in NOT_YET:
-        assert (CONTROLLER / rel).is_file(), f"{rel} is gone: drop it from NOT_YET"
 
 
 def test_a_line_names_the_module_that_wrote_it() -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from specctl.decisionlog.files import (
@@ -32,9 +31,10 @@ from specctl.decisionlog.files import (
     write_table,
 )
 from specctl.decisionlog.schema import SCHEMA, batches_to_table
+from specctl.logs import get_logger
 from specctl.steps import StepBatch
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 LOCK_NAME = ".lock"
 

@@ -41,7 +41,7 @@ from specctl.policy.base import Policy
 from specctl.sidecar.book import PolicyBook
 from specctl.steps import StepBatch, validate_class_name
 
-log = get_logger("specctl.sidecar.snapshot")
+log = get_logger(__name__)
 
 FORMAT = "specctl-snapshot"
 SCHEMA_VERSION = 1
