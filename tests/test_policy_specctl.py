@@ -537,6 +537,26 @@ def test_classes_sharing_a_batch_are_decided_for_the_batch() -> None:
     assert evidence["off"].goodput > evidence["ngram/k=1"].goodput
 
 
+def test_classes_taking_turns_in_a_bucket_are_decided_alone() -> None:
+    # the same two classes as above, in the same bucket, but never in one step (each
+    # arrives in bursts, one batch after another): the batch-wide cost of copy's drafts is
+    # paid by copy's requests alone, so copy speculates as it does alone
+    policy = make_policy("specctl", {})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for({"ngram": 4}.items()))
+    env = _shared_batch_env()
+    chosen: list[Arm] = []
+    for i in range(1200):
+        if (i // 20) % 2:
+            env.run_mixed_step(policy, {"free": (16, 0.0)}, 2)
+        else:
+            chosen.append(env.run_mixed_step(policy, {"copy": (16, 0.8)}, 2)["copy"])
+    assert _off_share(policy, "copy", 2) < 0.2
+    assert _off_share(policy, "free", 2) > 0.8
+    late = chosen[-200:]
+    assert sum(c.is_off for c in late) <= 0.2 * len(late)
+
+
 def test_a_free_first_draft_token_is_found_from_long_drafts() -> None:
     # A draft model's first token rides on the pass that keeps its cache in step (it runs
     # at off too), its second costs a pass of its own: K=1 is next to free, K=2 a jump.

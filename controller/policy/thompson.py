@@ -123,6 +123,9 @@ from specctl.steps import StepBatch
 _MIX_DISCOUNT = 0.99
 # classes with at least this share of a bucket's requests are decided together
 _MIN_MIX_SHARE = 0.02
+# ... if they share batches: other classes hold at least this share of the requests in the
+# steps the class runs in (classes that take turns in a bucket share none)
+_MIN_SHARED_SHARE = 0.05
 _MAX_JOINT_CLASSES = 16
 # a bucket's joint choice is worked out again after this many of its steps (or when its
 # classes change): it moves with the evidence, which a handful of steps barely moves
@@ -279,6 +282,8 @@ class SpecctlPolicy(Policy):
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # per load bucket: discounted request-rounds per class slot, and steps
         self._mix = np.zeros((self.num_buckets, cfg.max_classes))
+        # per bucket and class: the requests of every class in the steps the class ran in
+        self._mix_present = np.zeros((self.num_buckets, cfg.max_classes))
         self._mix_steps = np.zeros(self.num_buckets)
         # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, _Samples]]] = {}
@@ -400,6 +405,7 @@ class SpecctlPolicy(Policy):
         self.acceptance.reset(slot)
         self._tokens.pop(slot, None)
         self._mix[:, slot] = 0.0
+        self._mix_present[:, slot] = 0.0
         self._class_version[slot] = self._next_tick()
         self._last_update[slot] = 0
         for b in range(self.num_buckets):
@@ -512,14 +518,26 @@ class SpecctlPolicy(Policy):
                     self.switch_off.observe((name, b), p_off_best)
 
     def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
-        """Learn each load bucket's class mix: mean request-rounds per step per class."""
+        """Learn each load bucket's class mix: mean request-rounds per step per class, and
+        per class the requests of the steps it ran in, which tells classes that share
+        batches from classes that take turns in the bucket."""
         nb, nc = self.num_buckets, self.config.max_classes
         bucket = np.minimum(batch.load_bucket, nb - 1)
         steps = np.bincount(bucket, minlength=nb).astype(np.float64)
         rows = np.bincount(bucket[batch.request_step] * nc + row_slots, minlength=nb * nc)
+        step_rows = np.bincount(batch.request_step, minlength=batch.num_steps)
+        pairs = np.unique(batch.request_step * nc + row_slots)
+        pair_step, pair_slot = np.divmod(pairs, nc)
+        present = np.bincount(
+            bucket[pair_step] * nc + pair_slot,
+            weights=step_rows[pair_step].astype(np.float64),
+            minlength=nb * nc,
+        )
         decay = _MIX_DISCOUNT**steps
         self._mix *= decay[:, None]
         self._mix += rows.reshape(nb, nc)
+        self._mix_present *= decay[:, None]
+        self._mix_present += present.reshape(nb, nc)
         self._mix_steps = self._mix_steps * decay + steps
         self._bucket_steps += steps.astype(np.int64)
 
@@ -675,12 +693,22 @@ class SpecctlPolicy(Policy):
         return batch_size, step_time, batch_wide
 
     def _mix_members(self, bucket: int) -> np.ndarray:
-        """Class slots that share the bucket's batches (the largest shares), by slot."""
+        """Class slots that share the bucket's batches (the largest shares), by slot.
+
+        A class that runs alone in its steps (classes arriving in bursts, one batch after
+        another) is decided alone: in a joint choice the other classes' requests would
+        pay its drafts' batch-wide cost in steps they are never in. Where a class's steps
+        are not known (a state saved before they were counted) it counts as sharing.
+        """
         mix = self._mix[bucket]
         total = float(mix.sum())
         if total <= 0.0:
             return np.zeros(0, dtype=np.int64)
-        members = np.flatnonzero(mix >= _MIN_MIX_SHARE * total)
+        present = self._mix_present[bucket]
+        others = np.where(present > 0.0, 1.0 - mix / np.maximum(present, 1e-12), 1.0)
+        members = np.flatnonzero((mix >= _MIN_MIX_SHARE * total) & (others >= _MIN_SHARED_SHARE))
+        if members.shape[0] < 2:
+            return np.zeros(0, dtype=np.int64)
         order = np.argsort(-mix[members], kind="stable")
         return np.sort(members[order][:_MAX_JOINT_CLASSES])
 
@@ -895,6 +923,7 @@ class SpecctlPolicy(Policy):
             **self.load.state_arrays(),
             "class_last_update": self._last_update,
             "class_mix": self._mix,
+            "class_mix_present": self._mix_present,
             "class_mix_steps": self._mix_steps,
             "bucket_steps": self._bucket_steps,
         }
@@ -986,7 +1015,7 @@ class SpecctlPolicy(Policy):
             key: np.zeros_like(targets[key])
             for key in (
                 *("acceptance_recent", "acceptance_arm_stats", "acceptance_changes"),
-                *("class_mix", "class_mix_steps", "bucket_steps"),
+                *("class_mix", "class_mix_present", "class_mix_steps", "bucket_steps"),
                 *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
                 "cost_outliers",
             )
