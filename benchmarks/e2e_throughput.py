@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--learn-batches", type=int, default=10)
     args = parser.parse_args()
 
-    from specctl.demo.tiny_model import build_tiny_model
+    from specctl.testing.tiny_model import build_tiny_model
 
     workdir = Path(tempfile.mkdtemp(prefix="specctl-b-"))
     model = str(build_tiny_model(workdir / "tiny"))

@@ -4,7 +4,7 @@ Three parts:
 - mutation fuzzing in-process (the bulk): valid engine messages (a hello, a
   256-row report, a status) with bytes flipped, cut, spliced, or a field set
   to an extreme value, plus plain random bytes; each case is parsed and fed
-  to the sidecar's report path as the server would (``tests/fuzz_support.feed``);
+  to the sidecar's report path as the server would (``specctl.testing.fuzz.feed``);
 - structured cases from the hypothesis strategies the CI tests use;
 - a live sidecar (gRPC on a unix socket) fed raw frames on Connect streams,
   with a well-behaved engine that must keep getting answers throughout.
@@ -29,14 +29,11 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from fuzz_support import engine_messages, feed, fuzz_sidecar
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from specctl.api import pb
+from specctl.testing.fuzz import engine_messages, feed, fuzz_sidecar
 
 U64 = 2**64 - 1
 U32 = 2**32 - 1
@@ -193,7 +190,7 @@ def run_live(cases: int, seed: int) -> dict:
     import grpc
 
     from specctl.sidecar.config import load_config
-    from specctl.sidecar.server import SidecarThread
+    from specctl.testing.sidecar_thread import SidecarThread
 
     rng = np.random.default_rng(seed)
     bases = base_messages(rng)

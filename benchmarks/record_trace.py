@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2, help="batches per class and size")
     args = parser.parse_args()
 
-    from specctl.demo.tiny_model import build_tiny_model
+    from specctl.testing.tiny_model import build_tiny_model
 
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)

@@ -25,12 +25,12 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.sidecar.config import load_config
-from specctl.sidecar.server import SidecarThread
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report
+from specctl.testing.sidecar_thread import SidecarThread
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+sys.path.insert(0, str(HERE))
 from sidecar_ingest import make_report  # noqa: E402
-from sidecar_support import ScriptedEngine, hello, report  # noqa: E402
 
 
 def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:

@@ -72,7 +72,7 @@ def measure(
     scheduler_cls: type, model: str, n: int, steps: int, policy: str | None
 ) -> tuple[float, float]:
     """(median step time, median time in specctl's hooks per step), seconds."""
-    from specctl.engine.scheduler_driver import SchedulerDriver
+    from specctl.testing.scheduler_driver import SchedulerDriver
 
     driver = SchedulerDriver(
         scheduler_cls, model, num_requests=n, classes=("greedy", "sampled"), acceptance=0.6
@@ -114,8 +114,8 @@ def main() -> None:
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from specctl.demo.tiny_model import build_tiny_model
     from specctl.engine.scheduler import SpecctlScheduler
+    from specctl.testing.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(os.path.join(tmp, "tiny")))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from specctl.sidecar.config import load_config
-from specctl.sidecar.server import SidecarThread
+from specctl.testing.sidecar_thread import SidecarThread
 
 SidecarFactory = Callable[..., SidecarThread]
 
@@ -74,7 +74,7 @@ def sidecar(sidecar_factory: SidecarFactory) -> SidecarThread:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random Llama with its tokenizer, built once per session (no download)."""
-    from specctl.demo.tiny_model import build_tiny_model
+    from specctl.testing.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
 

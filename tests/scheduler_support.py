@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-BLOCK_SIZE = 16
-MAX_MODEL_LEN = 2048
+from specctl.testing.scheduler_driver import BLOCK_SIZE, kv_cache_config
+from specctl.testing.tiny_model import MAX_MODEL_LEN
 
 
 def build_scheduler(
@@ -28,7 +28,6 @@ def build_scheduler(
     per_batch_size: list[tuple[int, int, int]] | None = None,
     cudagraph_mode: str | None = None,
 ) -> Any:
-    import torch
     from vllm.config import (
         CacheConfig,
         ModelConfig,
@@ -37,7 +36,6 @@ def build_scheduler(
         SpeculativeConfig,
         VllmConfig,
     )
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=MAX_MODEL_LEN)
@@ -77,21 +75,9 @@ def build_scheduler(
         from vllm.config import CUDAGraphMode
 
         vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode[cudagraph_mode]
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer.0"],
-                FullAttentionSpec(
-                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8, dtype=torch.float32
-                ),
-            )
-        ],
-    )
     return scheduler_cls(
         vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
+        kv_cache_config=kv_cache_config(num_blocks),
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=BLOCK_SIZE,
     )

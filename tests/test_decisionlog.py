@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from replay_support import Environment, logging_dist, run
-from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.decisionlog import (
     SCHEMA,
@@ -29,6 +28,7 @@ from specctl.decisionlog import (
 from specctl.decisionlog.files import log_files, write_table
 from specctl.decisionlog.rows import LogRows, report_batches
 from specctl.decisionlog.schema import batches_to_table
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
 
 ENV = Environment()
 

@@ -15,8 +15,8 @@ from specctl.arms import Arm
 from specctl.engine.client import SidecarClient
 from specctl.engine.config import ConfigError, EngineConfig
 from specctl.sidecar.config import load_config
-from specctl.sidecar.server import SidecarThread
 from specctl.steps import StepRecord
+from specctl.testing.sidecar_thread import SidecarThread
 
 K4 = Arm("ngram", 4)
 

@@ -13,8 +13,8 @@ import pytest
 
 from specctl.api import pb
 from specctl.engine.policy_view import compile_policy
-from specctl.engine.scheduler_driver import SchedulerDriver
 from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.testing.scheduler_driver import SchedulerDriver
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specctl.engine.scheduler_driver import SchedulerDriver
+from specctl.testing.scheduler_driver import SchedulerDriver
 from specctl.trace.format import read_trace
 
 

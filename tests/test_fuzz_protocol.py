@@ -11,15 +11,15 @@ import threading
 
 import grpc
 import pytest
-from fuzz_support import engine_messages, feed, fuzz_sidecar, garbage, hellos, step_reports
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
 from specctl.protocol.hello import HelloError, validate_hello
 from specctl.protocol.reports import ReportError, decode_step_report
+from specctl.testing.fuzz import engine_messages, feed, fuzz_sidecar, garbage, hellos, step_reports
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 # One message in sixteen or so is a valid report: enough of them to count both outcomes.
@@ -82,7 +82,7 @@ def live():
     from pathlib import Path
 
     from specctl.sidecar.config import load_config
-    from specctl.sidecar.server import SidecarThread
+    from specctl.testing.sidecar_thread import SidecarThread
 
     tmp = Path(tempfile.mkdtemp(prefix="specctl-"))
     overrides = {

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_support import SidecarProcess
-from sidecar_support import ScriptedEngine, hello
 
 from specctl.api import pb
 from specctl.decisionlog import read_decision_log
 from specctl.protocol.reports import encode_step_report
 from specctl.steps import StepRecord
+from specctl.testing.scripted_engine import ScriptedEngine, hello
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from sidecar_support import ScriptedEngine, hello, scrape
 
 from specctl.api import pb, pb_grpc
 from specctl.cli import main
+from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape
 
 
 def _admin(address: str) -> tuple[grpc.Channel, pb_grpc.SpecControllerAdminStub]:

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sidecar_support import ScriptedEngine, hello, report
 
 from specctl.cli import main
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,9 +6,9 @@ import itertools
 
 import grpc
 import pytest
-from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import pb
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
 
 _classes = itertools.count()
 

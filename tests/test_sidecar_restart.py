@@ -23,11 +23,11 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf.json_format import MessageToDict
-from sidecar_support import ScriptedEngine, hello, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
 from specctl.protocol.reports import encode_step_report
 from specctl.steps import StepRecord
+from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]

@@ -19,10 +19,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from sidecar_support import hello, report, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
 from specctl.sidecar.config import ConfigError, ServerConfig, load_config
+from specctl.testing.scripted_engine import hello, report, scrape, wait_for
 
 NOW = datetime.datetime.now(datetime.UTC)
 
@@ -281,7 +281,7 @@ def test_tls_settings_are_checked(pki: Pki) -> None:
 
 
 def test_report_flood_from_one_engine_is_rate_limited(sidecar_factory) -> None:
-    from sidecar_support import ScriptedEngine
+    from specctl.testing.scripted_engine import ScriptedEngine
 
     sc = sidecar_factory("unix", server_max_reports_per_s=5.0)
     engine = ScriptedEngine(sc.address)

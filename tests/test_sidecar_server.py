@@ -14,7 +14,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import SERVICE_NAME, pb, pb_grpc
 from specctl.arms import OFF
@@ -22,9 +21,10 @@ from specctl.policy.static import StaticPolicy
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import load_config, unix_socket_path
 from specctl.sidecar.publishing import PolicyMessages
-from specctl.sidecar.server import SidecarThread
 from specctl.sidecar.sessions import Outbox
 from specctl.steps import StepBatch
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
+from specctl.testing.sidecar_thread import SidecarThread
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping, Sequence
 import grpc
 import numpy as np
 import pytest
-from sidecar_support import ScriptedEngine, hello, report, scrape, wait_for
 
 from specctl.api import pb, pb_grpc
 from specctl.arms import OFF, Arm, parse_arm
@@ -29,9 +28,10 @@ from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook, UnknownClassError
 from specctl.sidecar.config import load_config
 from specctl.sidecar.metrics import SidecarMetrics
-from specctl.sidecar.server import SidecarThread
 from specctl.sidecar.stability import DecisionStability, total_variation
 from specctl.steps import StepBatch, StepRecord
+from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
+from specctl.testing.sidecar_thread import SidecarThread
 
 OFFERED = {"ngram": 4}
 NGRAM = parse_arm("ngram/k=4")

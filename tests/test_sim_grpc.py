@@ -5,13 +5,13 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from sidecar_support import wait_for
 
 from specctl.api import pb, pb_grpc
 from specctl.cli import main
 from specctl.sim.grpc_link import simulate_against
 from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, build_scenarios
 from specctl.sim.simulate_cli import parse_event
+from specctl.testing.scripted_engine import wait_for
 
 
 def test_simulated_engine_runs_the_arm_the_sidecar_pushes(sidecar_factory) -> None:

@@ -123,7 +123,7 @@ def prepare_model(workload: Workload, models_dir: Path) -> tuple[str, dict[str, 
             spec["model"] = str(draft)
         return str(target), spec
     if m.builtin == "tiny":
-        from specctl.demo.tiny_model import build_tiny_model
+        from specctl.testing.tiny_model import build_tiny_model
 
         return str(build_tiny_model(models_dir / "tiny")), spec
     assert m.path is not None

@@ -1,1 +1,1 @@
-"""Pieces shared by the demo and the tests: a tiny model and engine settings."""
+"""The demo and its pieces: the testbed models, their tokenizer and engine settings."""

@@ -1,6 +1,6 @@
 """A target model and a draft model derived from it, for speculation that pays and then loses.
 
-The tiny model (:mod:`specctl.demo.tiny_model`) is all per-step overhead on a
+The tiny model (:mod:`specctl.testing.tiny_model`) is all per-step overhead on a
 CPU, so speculation always loses on it. A GPU serving a real model is in a
 different regime: decode at small batch is memory-bound (each step reads all
 the weights for a handful of tokens, so verifying K more tokens is nearly free)
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specctl.demo.tiny_model import MAX_MODEL_LEN, build_tokenizer
+from specctl.demo.tokenizer import MAX_MODEL_LEN, build_tokenizer
 
 HEAD_DIM = 64  # vLLM's CPU attention kernels reject smaller heads
 _MARKER = "specctl-testbed.json"

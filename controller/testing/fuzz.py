@@ -1,4 +1,4 @@
-"""Hypothesis strategies for engine messages, for the fuzz tests and benchmarks/fuzz_protocol.py.
+"""Hypothesis strategies for engine messages, for the fuzz tests and the fuzz benchmark.
 
 ``step_reports`` draws reports that are mostly well formed with a few fields
 broken (wrong lengths, NaN, huge integers, unknown arms, bad class names), so

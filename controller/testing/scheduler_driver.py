@@ -14,8 +14,34 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from specctl.testing.tiny_model import HEAD_DIM, MAX_MODEL_LEN, NUM_HEADS
+
 BLOCK_SIZE = 16
-MAX_MODEL_LEN = 2048  # the tiny model's limit
+
+
+def kv_cache_config(num_blocks: int) -> Any:
+    """``num_blocks`` plain full-attention blocks of the tiny model's shape, no tensors.
+
+    The scheduler only counts blocks; no model runner allocates them.
+    """
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer.0"],
+                FullAttentionSpec(
+                    block_size=BLOCK_SIZE,
+                    num_kv_heads=NUM_HEADS,
+                    head_size=HEAD_DIM,
+                    dtype=torch.float32,
+                ),
+            )
+        ],
+    )
 
 
 @dataclass
@@ -47,7 +73,6 @@ class SchedulerDriver:
         max_tokens: int = MAX_MODEL_LEN - 64,
         forward_delay_s: float = 0.0,
     ) -> None:
-        import torch
         from vllm.config import (
             CacheConfig,
             ModelConfig,
@@ -57,7 +82,6 @@ class SchedulerDriver:
             VllmConfig,
         )
         from vllm.sampling_params import SamplingParams
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
 
@@ -90,21 +114,9 @@ class SchedulerDriver:
         blocks_per_request = (max_model_len + BLOCK_SIZE - 1) // BLOCK_SIZE
         num_blocks = num_requests * blocks_per_request + 16
         vllm_config.cache_config.num_gpu_blocks = num_blocks
-        kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(
-                    ["layer.0"],
-                    FullAttentionSpec(
-                        block_size=BLOCK_SIZE, num_kv_heads=2, head_size=64, dtype=torch.float32
-                    ),
-                )
-            ],
-        )
         self.scheduler: Any = scheduler_cls(
             vllm_config=vllm_config,
-            kv_cache_config=kv_cache_config,
+            kv_cache_config=kv_cache_config(num_blocks),
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=BLOCK_SIZE,
         )

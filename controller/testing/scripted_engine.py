@@ -1,4 +1,4 @@
-"""Helpers for tests that talk to a real sidecar: a scripted engine and a /metrics scraper."""
+"""A scripted engine that talks to a real sidecar over gRPC, and a /metrics scraper."""
 
 from __future__ import annotations
 
