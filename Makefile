@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.specctl-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv system-deps test lint demo proto clean
+.PHONY: venv system-deps test test-unit ruff lint demo proto clean
 
 venv: $(STAMP)
 	@# Whatever put them back (a manual pip install), the CUDA builds of these must go.
@@ -31,15 +31,21 @@ system-deps:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
-lint: venv
+ruff: venv
 	$(PY) -m ruff check controller tests benchmarks deploy
 	$(PY) -m ruff format --check controller tests benchmarks deploy
+
+lint: ruff
 	@# mypy reads the package under its import name, which the folder does not have
 	mkdir -p build/typecheck && ln -sfn ../../controller build/typecheck/specctl
 	$(PY) -m mypy
 
 test: venv system-deps lint
 	$(PY) -m pytest tests
+
+# The fast loop: ruff and the unit tests (no servers, subprocesses, Prometheus or engines).
+test-unit: ruff
+	$(PY) -m pytest tests/unit
 
 demo: venv
 	$(VENV)/bin/specctl demo

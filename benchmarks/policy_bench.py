@@ -9,7 +9,7 @@ and load-swing at 20,000 steps, the 100-class long tail at 10,000 steps with
 a report every 32 steps (the learning policies' cost grows with the number of
 classes). Writes DIR/<run>.json and DIR/plots/, then prints the results
 tables. Each run is seeded on its own, so runs can also go in parallel. CI
-runs the same code at a few hundred steps (tests/test_sim_bench.py).
+runs the same code at a few hundred steps (tests/unit/test_sim_bench.py).
 """
 
 from __future__ import annotations

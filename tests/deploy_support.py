@@ -1,10 +1,12 @@
-"""Helpers for the deploy tests: the metric names specctl and vLLM export, and the
-metric names a PromQL expression reads."""
+"""Helpers for the deploy tests: the metric names specctl and vLLM export, the
+metric names a PromQL expression reads, and the dashboard's queries."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 RULES_FILE = DEPLOY / "prometheus" / "specctl.rules.yml"
+DASHBOARD = DEPLOY / "grafana" / "specctl.json"
 
 _KEYWORDS = {
     "and",
@@ -95,3 +98,19 @@ def recorded_names() -> set[str]:
 
 def alert_names() -> list[str]:
     return [rule["alert"] for rule in load_rules() if "alert" in rule]
+
+
+def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in panels(dashboard) for t in p.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            query = var["query"]["query"]
+            exprs.append(query.removeprefix("label_values(").rsplit(",", 1)[0])
+    return exprs

@@ -29,7 +29,7 @@ from specctl.protocol.reports import encode_step_report
 from specctl.steps import StepRecord
 from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]
 CLASSES = ["chat", "code", "math"]
 

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from specctl.logs import configure_logging, get_logger
 
-CONTROLLER = Path(__file__).resolve().parents[1] / "controller"
+CONTROLLER = Path(__file__).resolve().parents[2] / "controller"
 OTHER_LOGGERS = re.compile(r"structlog\.get_logger\(|logging\.getLogger\(|get_logger\([\"']")
 
 

@@ -16,7 +16,7 @@ import pytest
 from specctl.cli import main
 from specctl.testing.scripted_engine import ScriptedEngine, hello, report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _specctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from deploy_support import DEPLOY
-from test_deploy_grafana import dashboard_queries
+from deploy_support import DEPLOY, dashboard_queries
 
 RENDER = DEPLOY / "prometheus" / "render.py"
 HEALTH_CHECK = DEPLOY / "docker" / "grpc_health_check.py"

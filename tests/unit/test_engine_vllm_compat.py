@@ -170,7 +170,7 @@ def test_a_wheel_is_read_without_unpacking(tree: Path, tmp_path: Path) -> None:
 
 
 def _script_main() -> Callable[[list[str]], int]:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "check_vllm_source.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "check_vllm_source.py"
     spec = importlib.util.spec_from_file_location("check_vllm_source", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

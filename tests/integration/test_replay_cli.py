@@ -16,7 +16,7 @@ from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
 from specctl.policy.registry import POLICIES
 from specctl.replay.candidates import parse_policy_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def specctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -137,7 +137,7 @@ CHILD = textwrap.dedent(
 def test_a_killed_writer_leaves_a_log_that_replays(tmp_path: Path) -> None:
     """SIGKILL a writer process mid-write: every flushed batch reads back, nothing is corrupt."""
     log_dir = tmp_path / "log"
-    tests_dir = Path(__file__).parent
+    tests_dir = Path(__file__).parents[1]
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(log_dir), str(tests_dir)],
         stdout=subprocess.PIPE,

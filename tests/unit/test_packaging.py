@@ -12,7 +12,7 @@ from pathlib import Path
 
 import specctl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_folder_of_code_is_a_listed_package() -> None:

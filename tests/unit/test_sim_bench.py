@@ -31,7 +31,7 @@ REFERENCES = {"oracle", "static-off", "best-static"}
 
 
 def _results_table():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results_table.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results_table.py"
     spec = importlib.util.spec_from_file_location("results_table", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -5,35 +5,17 @@ variable and guards its divisions."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 
 from deploy_support import (
-    DEPLOY,
+    DASHBOARD,
+    dashboard_queries,
     load_rules,
+    panels,
     promql_metric_names,
     recorded_names,
     specctl_metric_names,
     vllm_metric_names,
 )
-
-DASHBOARD = DEPLOY / "grafana" / "specctl.json"
-
-
-def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for panel in dashboard["panels"]:
-        yield panel
-        yield from panel.get("panels", [])
-
-
-def dashboard_queries() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    exprs = [t["expr"] for p in _panels(dashboard) for t in p.get("targets", [])]
-    for var in dashboard["templating"]["list"]:
-        if var["type"] == "query":
-            query = var["query"]["query"]
-            exprs.append(query.removeprefix("label_values(").rsplit(",", 1)[0])
-    return exprs
 
 
 def test_metric_name_extraction() -> None:
@@ -76,7 +58,7 @@ def test_panels_use_the_datasource_variable_and_rate_interval() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     ids = []
-    for panel in _panels(dashboard):
+    for panel in panels(dashboard):
         ids.append(panel["id"])
         if panel["type"] == "row":
             continue

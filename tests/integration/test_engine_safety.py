@@ -393,7 +393,7 @@ def test_plugin_is_a_vllm_general_plugin() -> None:
     import tomllib
     from pathlib import Path
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     plugins = pyproject["project"]["entry-points"]["vllm.general_plugins"]
     assert plugins == {"specctl": "specctl.engine.vllm_plugin:register"}
 
