@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import grpc
 import pytest
@@ -99,8 +100,14 @@ def test_bad_report_is_rejected_naming_the_field(sidecar_factory, bad, reason, t
         )
         # the stream carries on, and the other engine is served throughout
         engine.send(report(3, workload_class="after"))
+        # the first report's policy can still be on its way: wait for the one with "after"
+        deadline = time.monotonic() + 10.0
         policy = engine.recv_policy(min_version=version + 1)
-        assert "after" in {e.workload_class for e in policy.entries}
+        while "after" not in {e.workload_class for e in policy.entries}:
+            assert time.monotonic() < deadline, "no policy ever named the class 'after'"
+            policy = engine.recv_policy(
+                timeout=max(0.01, deadline - time.monotonic()), min_version=policy.version + 1
+            )
         _still_served(other, 1, policy.version)
         assert scrape(sc.metrics_url)["specctl_reports_received_total"] == 4
     finally:
