@@ -33,7 +33,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from specctl.api import pb
-from specctl.testing.fuzz import engine_messages, feed, fuzz_sidecar
+from specctl.testing.fuzz import engine_messages, feed, fuzz_sidecar, start_fuzz_sidecar
 
 U64 = 2**64 - 1
 U32 = 2**32 - 1
@@ -189,24 +189,12 @@ def run_structured(cases: int, seed: int) -> dict:
 def run_live(cases: int, seed: int) -> dict:
     import grpc
 
-    from specctl.sidecar.config import load_config
-    from specctl.testing.sidecar_thread import SidecarThread
-
     rng = np.random.default_rng(seed)
     bases = base_messages(rng)
     raw = [m.SerializeToString() for m in bases]
     hello = bases[2].SerializeToString()
     tmp = Path(tempfile.mkdtemp(prefix="specctl-fuzz-"))
-    overrides = {
-        "server.listen": f"unix://{tmp}/fuzz.sock",
-        "server.metrics_listen": "127.0.0.1:0",
-        "server.grace_period_s": 0.5,
-        "server.max_reports_per_s": 1e6,
-        "policy.name": "specctl",
-        "log.format": "json",
-        "log.level": "error",
-    }
-    sc = SidecarThread(load_config(env={}, overrides=overrides), flag_overrides=overrides).start()
+    sc = start_fuzz_sidecar(tmp)
     codes: collections.Counter[str] = collections.Counter()
     rss_before = rss_mib()
     t0 = time.perf_counter()

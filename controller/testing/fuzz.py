@@ -10,6 +10,7 @@ or a valid message with bytes flipped.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from specctl.protocol.reports import ROW_COLUMNS, STEP_COLUMNS
 from specctl.sidecar.config import load_config
 from specctl.sidecar.server import Sidecar
 from specctl.sidecar.sessions import Session
+from specctl.testing.sidecar_thread import SidecarThread
 
 U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)
@@ -181,3 +183,18 @@ def feed(sidecar: Sidecar, session: Session, message: pb.EngineMessage) -> str:
             return "bad_hello"
         return "hello"
     return "empty"
+
+
+def start_fuzz_sidecar(directory: Path) -> SidecarThread:
+    """An in-process sidecar to fuzz, listening in ``directory``: the specctl policy, no
+    report rate limit (fuzzed reports come as fast as they are made), errors-only logs."""
+    overrides = {
+        "server.listen": f"unix://{directory}/fuzz.sock",
+        "server.metrics_listen": "127.0.0.1:0",
+        "server.grace_period_s": 0.5,
+        "server.max_reports_per_s": 1e6,
+        "policy.name": "specctl",
+        "log.format": "json",
+        "log.level": "error",
+    }
+    return SidecarThread(load_config(env={}, overrides=overrides), flag_overrides=overrides).start()

@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from specctl.api import pb, pb_grpc
 from specctl.protocol.hello import HelloError, validate_hello
 from specctl.protocol.reports import ReportError, decode_step_report
-from specctl.testing.fuzz import engine_messages, feed, fuzz_sidecar, garbage, hellos, step_reports
+from specctl.testing.fuzz import (
+    engine_messages,
+    feed,
+    fuzz_sidecar,
+    garbage,
+    hellos,
+    start_fuzz_sidecar,
+    step_reports,
+)
 from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
 
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
@@ -90,20 +98,8 @@ def live():
     import tempfile
     from pathlib import Path
 
-    from specctl.sidecar.config import load_config
-    from specctl.testing.sidecar_thread import SidecarThread
-
     tmp = Path(tempfile.mkdtemp(prefix="specctl-"))
-    overrides = {
-        "server.listen": f"unix://{tmp}/fuzz.sock",
-        "server.metrics_listen": "127.0.0.1:0",
-        "server.grace_period_s": 0.5,
-        "server.max_reports_per_s": 1e6,
-        "policy.name": "specctl",
-        "log.format": "json",
-        "log.level": "error",
-    }
-    sc = SidecarThread(load_config(env={}, overrides=overrides), flag_overrides=overrides).start()
+    sc = start_fuzz_sidecar(tmp)
     # a well-behaved engine that must be unaffected by the fuzzing
     good = ScriptedEngine(sc.address)
     good.send(hello("engine-good"))
