@@ -188,12 +188,21 @@ def test_ratios_follow_from_the_measured_goodput(run: dict[str, Any]) -> None:
 
 def test_engine_tokens_agree_with_vllm_and_off_shares(run: dict[str, Any]) -> None:
     out = run["json"]
-    for s in out["segments"]:
-        rate = sum(v["tokens"] for v in s["classes"].values()) / s["window_s"]
-        # vLLM counts every generated token (a request's first comes from its prefill); its
-        # counter is read through the API server, over an interval of its own
-        vllm_rate = s["vllm_generation_tokens"] / s["vllm_window_s"]
-        assert 0.7 * vllm_rate <= rate <= 1.3 * vllm_rate, s
+    # vLLM counts every generated token (a request's first comes from its prefill); its
+    # counter is read through the API server, over an interval of its own whose ends move by
+    # up to seconds on a loaded machine (a 3 s segment was once read over 0.98 s): the rates
+    # are compared over the whole run, where those ends weigh little
+    segments = out["segments"]
+    tokens = sum(v["tokens"] for s in segments for v in s["classes"].values())
+    rate = tokens / sum(s["window_s"] for s in segments)
+    vllm_rate = sum(s["vllm_generation_tokens"] for s in segments) / sum(
+        s["vllm_window_s"] for s in segments
+    )
+    assert 0.8 * vllm_rate <= rate <= 1.2 * vllm_rate, (rate, vllm_rate)
+    for s in segments:
+        assert (
+            s["vllm_generation_tokens"] > 0 and sum(v["tokens"] for v in s["classes"].values()) > 0
+        )
     spec = out["policies"]["specctl"]
     for c in CLASSES:
         rounds = sum(_seg(out, "specctl", p)["classes"][c]["rounds"] for p in PHASES)
