@@ -1,9 +1,9 @@
 """Build vLLM schedulers (vLLM's own and specctl's) from a real config, with no model runner.
 
 Like vLLM's scheduler tests: a ``VllmConfig`` for the tiny model with the
-n-gram drafter, a KV cache config of plain full-attention blocks, and the
-model runner's part played by the test (sampled tokens, drafts). Nothing
-here starts an engine.
+n-gram drafter (or the tiny model as its own ``draft_model``), a KV cache
+config of plain full-attention blocks, and the model runner's part played
+by the test (sampled tokens, drafts). Nothing here starts an engine.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ def build_scheduler(
     max_num_batched_tokens: int = 8192,
     per_batch_size: list[tuple[int, int, int]] | None = None,
     cudagraph_mode: str | None = None,
+    method: str = "ngram",
+    draft_sample_method: str = "greedy",
 ) -> Any:
     from vllm.config import (
         CacheConfig,
@@ -42,13 +44,17 @@ def build_scheduler(
     parallel_config = ParallelConfig(data_parallel_size=data_parallel_size)
     speculative_config = (
         SpeculativeConfig(
-            method="ngram",
+            method=method,
             num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_max=3,
-            prompt_lookup_min=1,
             target_model_config=model_config,
             target_parallel_config=parallel_config,
             num_speculative_tokens_per_batch_size=per_batch_size,
+            **(
+                {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+                if method == "ngram"
+                # the target is its own draft: the scheduler never runs either
+                else {"model": model_path, "draft_sample_method": draft_sample_method}
+            ),
         )
         if num_speculative_tokens > 0
         else None

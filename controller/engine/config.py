@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl.arms import OFF, Arm, ArmError, parse_arm
+from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
 from specctl.steps import validate_class_name
 
 ENV_PREFIX = "SPECCTL_"
@@ -81,6 +81,12 @@ class EngineConfig:
     tls_ca_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    # n-gram drafts next to the engine's model drafter (docs/drafters.md): the longest n-gram
+    # arm (None: the engine's num_speculative_tokens; 0: no n-gram arms), and vLLM's
+    # prompt_lookup_min/max for the matcher.
+    ngram_max_k: int | None = None
+    ngram_prompt_lookup_min: int = 5
+    ngram_prompt_lookup_max: int = 5
 
     def __post_init__(self) -> None:
         if not self.address or any(c.isspace() for c in self.address):
@@ -152,6 +158,15 @@ class EngineConfig:
             path = getattr(self, key)
             if path and not os.path.isfile(path):
                 raise ConfigError(f"{key}={path!r} is not a readable file")
+
+        if self.ngram_max_k is not None and not 0 <= self.ngram_max_k <= MAX_K:
+            raise ConfigError(f"ngram_max_k={self.ngram_max_k} must be in 0..{MAX_K}")
+        if not 1 <= self.ngram_prompt_lookup_min <= self.ngram_prompt_lookup_max <= 1024:
+            raise ConfigError(
+                f"ngram_prompt_lookup_min={self.ngram_prompt_lookup_min} and "
+                f"ngram_prompt_lookup_max={self.ngram_prompt_lookup_max} must satisfy "
+                "1 <= min <= max <= 1024"
+            )
 
     @property
     def tls(self) -> bool:
@@ -273,6 +288,9 @@ _PARSERS: dict[str, Any] = {
     "reconnect_max_s": _float,
     "step_clock": _str,
     "trace_dir": _str,
+    "ngram_max_k": _optional_int,
+    "ngram_prompt_lookup_min": _int,
+    "ngram_prompt_lookup_max": _int,
 }
 
 

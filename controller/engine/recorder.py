@@ -129,6 +129,7 @@ class StepRecorder:
         *,
         k_by_batch_size: Sequence[int] | None = None,
         fixed_step_k: bool = False,
+        substituted_drafter: str | None = None,
     ) -> None:
         self.config = config
         self.client = client
@@ -137,6 +138,12 @@ class StepRecorder:
         self.k_by_batch_size = k_by_batch_size
         # Data parallelism: every step proposes max_k drafts, whatever the arms.
         self.fixed_step_k = fixed_step_k
+        # The drafter whose drafts the scheduler computes itself (n-gram next to a model
+        # drafter): its arms do not ask the engine's drafter for tokens.
+        self.substituted_drafter = substituted_drafter
+        # (K, requests) of the classes on a substituted arm in the last step: the scheduler
+        # replaces their drafts before the next step verifies them.
+        self.substituted: list[tuple[int, Iterable[Any]]] = []
         self.rng = random.Random(config.seed)
         self.invalid_class_total = 0
         self._warned: set[str] = set()
@@ -269,17 +276,18 @@ class StepRecorder:
         step_k = 0
         table = self.k_by_batch_size
         cap = table[batch_size] if table is not None and 0 < batch_size < len(table) else None
+        substituted = self.substituted_drafter
         if cap is None or cap >= self.max_k:
             choose = view.choose
             for cls in self.members:
                 choice = chosen[cls] = choose(cls, bucket, u)
-                if choice.arm.k > step_k:
+                if choice.arm.k > step_k and choice.arm.drafter != substituted:
                     step_k = choice.arm.k
         else:
             choose_capped = view.choose_capped
             for cls in self.members:
                 choice = chosen[cls] = choose_capped(cls, bucket, u, cap)
-                if choice.arm.k > step_k:
+                if choice.arm.k > step_k and choice.arm.drafter != substituted:
                     step_k = choice.arm.k
         step_k = self.max_k if self.fixed_step_k else min(step_k, self.max_k)
         self.chosen = chosen
@@ -287,7 +295,17 @@ class StepRecorder:
         self._bucket = bucket
         self.step_k = step_k
         members = self.members
-        self._low_k = [(c.arm.k, members[cls]) for cls, c in chosen.items() if c.arm.k < step_k]
+        if substituted is None:
+            self._low_k = [(c.arm.k, members[cls]) for cls, c in chosen.items() if c.arm.k < step_k]
+        else:
+            self._low_k = [
+                (c.arm.k, members[cls]) for cls, c in chosen.items()
+                if c.arm.k < step_k and c.arm.drafter != substituted
+            ]  # fmt: skip
+            self.substituted = [
+                (c.arm.k, members[cls].values()) for cls, c in chosen.items()
+                if c.arm.drafter == substituted
+            ]  # fmt: skip
         return step_k
 
     # -- drafts ------------------------------------------------------------------------------

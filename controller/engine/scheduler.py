@@ -36,6 +36,8 @@ from specctl.api import pb
 from specctl.arms import MAX_K
 from specctl.engine.client import SidecarClient
 from specctl.engine.config import EngineConfig, engine_default_arm
+from specctl.engine.hybrid import decide_hybrid
+from specctl.engine.ngram import NGRAM, NgramDrafter
 from specctl.engine.recorder import StepRecorder
 from specctl.engine.vllm_compat import (
     SUPPORTED_VLLM_VERSIONS,
@@ -147,11 +149,24 @@ class _SpecctlMixin:
             )
         config = EngineConfig.load()
         method = str(spec.method)
+        drafters = {method: max_k}
+        hybrid = decide_hybrid(vllm_config, config)
+        self._specctl_ngram: NgramDrafter | None = None
+        if hybrid.ngram is not None:
+            ngram = NgramDrafter(hybrid.ngram, int(vllm_config.model_config.max_model_len))
+            ngram.warm_up()
+            self._specctl_ngram = ngram
+            drafters[NGRAM] = hybrid.ngram.max_k
+        elif hybrid.refused_because:
+            log.warning(
+                "specctl_ngram_drafts_refused", drafter=method, reason=hybrid.refused_because
+            )
         fallback = config.fallback(engine_default_arm(method, max_k))
-        if not fallback.is_off and (fallback.drafter != method or fallback.k > max_k):
+        if not fallback.is_off and fallback.k > drafters.get(fallback.drafter, 0):
+            offered = ", ".join(f"{d} up to K={k}" for d, k in drafters.items())
             raise ValueError(
-                f"SPECCTL_FALLBACK_ARM={fallback.name!r} cannot run on this engine: its drafter "
-                f"is {method!r} with at most {max_k} speculative tokens"
+                f"SPECCTL_FALLBACK_ARM={fallback.name!r} cannot run on this engine: it offers "
+                f"{offered}"
             )
         import vllm
 
@@ -159,12 +174,12 @@ class _SpecctlMixin:
             engine_id=config.engine_id,
             model=str(vllm_config.model_config.served_model_name or vllm_config.model_config.model),
             vllm_version=str(vllm.__version__),
-            drafters=[pb.Drafter(method=method, max_k=max_k)],
+            drafters=[pb.Drafter(method=d, max_k=k) for d, k in drafters.items()],
             max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
             fallback_arm=fallback.name,
             specctl_version=__version__,
         )
-        client = SidecarClient(config, hello, {method: max_k}, fallback)
+        client = SidecarClient(config, hello, drafters, fallback)
         self.specctl_client = client
         # vLLM's dense lookup of the user's Dynamic SD table (None without one; vLLM drops
         # the table under data parallelism): it caps the step's K, the policy picks below.
@@ -174,8 +189,9 @@ class _SpecctlMixin:
         # every step, or the ranks' collectives diverge: the step's K stays vLLM's.
         self._specctl_dp = data_parallel
         self.specctl = StepRecorder(
-            config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp
-        )
+            config, client, max_k, k_by_batch_size=table, fixed_step_k=self._specctl_dp,
+            substituted_drafter=NGRAM if self._specctl_ngram is not None else None,
+        )  # fmt: skip
         self._specctl_engine_arm = engine_default_arm(method, max_k)
         self._specctl_lookup = _StepK(max_k, table)
         self._specctl_view = client.view
@@ -184,7 +200,7 @@ class _SpecctlMixin:
         client.start()
         log.info(
             "specctl_started", engine_id=config.engine_id, address=config.address,
-            scheduler=type(self).__name__, drafter=method, max_k=max_k, fallback_arm=fallback.name,
+            scheduler=type(self).__name__, drafters=drafters, fallback_arm=fallback.name,
         )  # fmt: skip
 
     def add_request(self, request: Any) -> None:
@@ -224,14 +240,24 @@ class _SpecctlMixin:
         recorder = self.specctl
         if recorder is not None:
             # Requests that finished since the last step leave their classes first.
-            if self.finished_req_ids:  # type: ignore[attr-defined]
+            finished = self.finished_req_ids  # type: ignore[attr-defined]
+            if finished:
                 try:
-                    recorder.forget(self.finished_req_ids)  # type: ignore[attr-defined]
+                    recorder.forget(finished)
+                    if self._specctl_ngram is not None:
+                        self._specctl_ngram.release(finished)
                 except Exception:
                     log.exception("specctl_hook_failed", hook="schedule")
             self._specctl_schedule_start = recorder.clock()
             try:
                 self._specctl_begin_step()
+                if self._specctl_ngram is not None and recorder.substituted:
+                    # The drafts this step verifies: n-gram ones for the classes that chose
+                    # an n-gram arm last step, computed from the tokens that step produced.
+                    self._specctl_ngram.draft(
+                        recorder.substituted,
+                        self.structured_output_manager.validate_tokens,  # type: ignore[attr-defined]
+                    )
             except Exception:
                 log.exception("specctl_hook_failed", hook="schedule")
         return super().schedule(*args, **kwargs)  # type: ignore[misc]

@@ -60,13 +60,23 @@ class Field:
     ``declared``: a class-level annotation (a dataclass, config or struct
     field), checked at start-up too. ``assigned``: an instance attribute
     vLLM sets with ``self.<name> = ...`` in one of the class's methods, which
-    only the source check can see.
+    only the source check can see. ``property``: a property of the class.
     """
 
     module: str
     cls: str
     name: str
-    kind: Literal["declared", "assigned"]
+    kind: Literal["declared", "assigned", "property"]
+    why: str
+
+
+@dataclass(frozen=True)
+class Function:
+    """A module-level function specctl calls, with the parameters it passes, in order."""
+
+    module: str
+    name: str
+    params: tuple[str, ...]
     why: str
 
 
@@ -98,7 +108,7 @@ class Subclass:
     why: str
 
 
-Item = Method | Field | Read | Subclass
+Item = Method | Field | Read | Subclass | Function
 
 _SCHEDULER_INIT = (
     "vllm_config",
@@ -223,6 +233,32 @@ INVENTORY: tuple[Item, ...] = (
           "whether the engine runs specctl's scheduler"),
     Field("vllm.engine.arg_utils", "EngineArgs", "data_parallel_size", "declared",
           "no table under data parallelism"),
+    # -- n-gram drafts next to a model drafter (controller/engine/ngram.py, hybrid.py) -----------
+    Function("vllm.v1.spec_decode.ngram_proposer",
+             "_find_longest_matched_ngram_and_propose_tokens",
+             ("origin_tokens", "min_ngram", "max_ngram", "max_model_len", "k"),
+             "vLLM's own n-gram matcher, called from specctl's compiled batch loop"),
+    Read(_SCHEDULER, "Scheduler", "update_draft_token_ids",
+         "self.structured_output_manager.validate_tokens",
+         "n-gram drafts of a constrained request are validated the same way"),
+    Field(_SCHEDULER, "Scheduler", "structured_output_manager", "assigned",
+          "validates n-gram drafts of constrained requests"),
+    Field("vllm.v1.request", "Request", "num_computed_tokens", "assigned",
+          "only decoding requests get n-gram drafts"),
+    Field("vllm.v1.request", "Request", "all_token_ids", "assigned",
+          "the context n-gram drafts are matched in"),
+    Field("vllm.v1.request", "Request", "num_tokens", "property",
+          "the context's length"),
+    Field("vllm.v1.request", "Request", "use_structured_output", "property",
+          "constrained requests' n-gram drafts are validated"),
+    Field("vllm.config.vllm", "VllmConfig", "use_v2_model_runner", "property",
+          "no n-gram drafts where drafts stay on the device"),
+    Field("vllm.config.speculative", "SpeculativeConfig", "draft_sample_method", "declared",
+          "n-gram drafts only with greedy draft sampling"),
+    Field("vllm.config.speculative", "SpeculativeConfig", "rejection_sample_method", "declared",
+          "n-gram drafts only with the standard rejection sampler"),
+    Field("vllm.config.model", "ModelConfig", "max_model_len", "declared",
+          "sizes the n-gram token buffer"),
 )  # fmt: skip
 
 
@@ -234,6 +270,8 @@ def describe(item: Item) -> str:
         return f"{item.cls}.{item.name}"
     if isinstance(item, Read):
         return f"{item.cls}.{item.method} uses {item.expr}"
+    if isinstance(item, Function):
+        return f"{item.name}({', '.join(item.params)})"
     return f"{item.cls}({item.base})"
 
 
@@ -242,8 +280,12 @@ def version_supported(version: str) -> bool:
     return any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM_VERSIONS)
 
 
-def _param_problem(item: Method, got: tuple[str, ...]) -> str | None:
+def _param_problem(item: Method | Function, got: tuple[str, ...]) -> str | None:
     expected = item.params
+    if isinstance(item, Function):
+        if got[: len(expected)] != expected:
+            return f"takes ({', '.join(got)}), specctl passes ({', '.join(expected)})"
+        return None
     if item.exact and got != expected:
         return f"takes ({', '.join(got)}), specctl's override takes ({', '.join(expected)})"
     if not item.exact and got[: len(expected)] != expected:
@@ -254,9 +296,11 @@ def _param_problem(item: Method, got: tuple[str, ...]) -> str | None:
 # -- start-up check on the imported vLLM ----------------------------------------------------------
 
 
-def _signature_names(method: Callable[..., object]) -> tuple[str, ...]:
+def _signature_names(method: Callable[..., object], skip: int = 1) -> tuple[str, ...]:
+    """Parameter names after the first ``skip`` (``self``); a compiled function's too."""
     names: list[str] = []
-    for param in list(inspect.signature(method).parameters.values())[1:]:
+    function = getattr(method, "py_func", method)  # numba keeps the Python function
+    for param in list(inspect.signature(function).parameters.values())[skip:]:
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
             names.append("*" + param.name)
         elif param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -276,6 +320,15 @@ def runtime_problems() -> list[str]:
     for item in INVENTORY:
         if isinstance(item, Read) or (isinstance(item, Field) and item.kind == "assigned"):
             continue
+        if isinstance(item, Function):
+            function = getattr(importlib.import_module(item.module), item.name, None)
+            if function is None:
+                problems.append(f"{item.module}.{item.name} is missing")
+                continue
+            problem = _param_problem(item, _signature_names(function, skip=0))
+            if problem is not None:
+                problems.append(f"{item.name} {problem}")
+            continue
         cls = getattr(importlib.import_module(item.module), item.cls, None)
         if not isinstance(cls, type):
             problems.append(f"{item.module}.{item.cls} is missing")
@@ -288,6 +341,9 @@ def runtime_problems() -> list[str]:
             problem = _param_problem(item, _signature_names(method))
             if problem is not None:
                 problems.append(f"{item.cls}.{item.name} {problem}")
+        elif isinstance(item, Field) and item.kind == "property":
+            if not isinstance(getattr(cls, item.name, None), property):
+                problems.append(f"{item.cls} has no property {item.name!r}")
         elif isinstance(item, Field):
             if not any(item.name in vars(k).get("__annotations__", {}) for k in cls.__mro__):
                 problems.append(f"{item.cls} has no field {item.name!r}")
@@ -373,6 +429,14 @@ def _find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
 _FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
 
+def _find_function(tree: ast.Module, name: str) -> _FunctionNode | None:
+    found = None
+    for node in tree.body:
+        if isinstance(node, _FunctionNode) and node.name == name:
+            found = node
+    return found
+
+
 def _find_method(cls: ast.ClassDef, name: str) -> _FunctionNode | None:
     found = None
     for node in cls.body:
@@ -434,6 +498,13 @@ def check_item(source: VllmSource, item: Item) -> str | None:
     tree = source.module(item.module)
     if tree is None:
         return f"module {item.module} is missing"
+    if isinstance(item, Function):
+        function = _find_function(tree, item.name)
+        if function is None:
+            return f"function {item.name} is missing from {item.module}"
+        args = function.args
+        problem = _param_problem(item, tuple(a.arg for a in [*args.posonlyargs, *args.args]))
+        return None if problem is None else f"{item.name} {problem}"
     cls = _find_class(tree, item.cls)
     if cls is None:
         return f"class {item.cls} is missing from {item.module}"
@@ -443,6 +514,11 @@ def check_item(source: VllmSource, item: Item) -> str | None:
             return f"{item.cls}.{item.name} is not defined in {item.cls}"
         problem = _param_problem(item, _ast_param_names(func))
         return None if problem is None else f"{item.cls}.{item.name} {problem}"
+    if isinstance(item, Field) and item.kind == "property":
+        getter = _find_method(cls, item.name)
+        if getter is not None and any(ast.unparse(d) == "property" for d in getter.decorator_list):
+            return None
+        return f"{item.cls} has no property {item.name!r}"
     if isinstance(item, Field):
         found = _declares(cls, item.name) if item.kind == "declared" else _assigns(cls, item.name)
         if found:

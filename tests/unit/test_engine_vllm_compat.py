@@ -84,6 +84,36 @@ def test_a_missing_hook_is_reported(tree: Path) -> None:
         "Scheduler.update_draft_token_ids uses request.spec_token_ids": (
             "Scheduler.update_draft_token_ids is not defined in Scheduler"
         ),
+        "Scheduler.update_draft_token_ids uses self.structured_output_manager.validate_tokens": (
+            "Scheduler.update_draft_token_ids is not defined in Scheduler"
+        ),
+    }
+
+
+def test_a_changed_ngram_matcher_is_reported(tree: Path) -> None:
+    matcher = "_find_longest_matched_ngram_and_propose_tokens"
+    relpath = "vllm/v1/spec_decode/ngram_proposer.py"
+    _edit(tree, relpath, "    min_ngram: int,\n    max_ngram: int,", "    max_ngram: int,")
+    described = f"{matcher}(origin_tokens, min_ngram, max_ngram, max_model_len, k)"
+    assert _problems(tree) == {
+        described: (
+            f"{matcher} takes (origin_tokens, max_ngram, max_model_len, k), specctl passes "
+            "(origin_tokens, min_ngram, max_ngram, max_model_len, k)"
+        )
+    }
+    _edit(tree, relpath, f"def {matcher}(", "def find_ngram(")
+    assert _problems(tree) == {
+        described: f"function {matcher} is missing from vllm.v1.spec_decode.ngram_proposer"
+    }
+
+
+def test_a_property_turned_into_a_method_is_reported(tree: Path) -> None:
+    _edit(
+        tree, "vllm/v1/request.py", "    @property\n    def use_structured_output(",
+        "    def use_structured_output(",
+    )  # fmt: skip
+    assert _problems(tree) == {
+        "Request.use_structured_output": "Request has no property 'use_structured_output'"
     }
 
 
