@@ -72,6 +72,7 @@ class SchedulerDriver:
         prompt_len: int = 32,
         max_tokens: int = MAX_MODEL_LEN - 64,
         forward_delay_s: float = 0.0,
+        method: str = "ngram",
     ) -> None:
         from vllm.config import (
             CacheConfig,
@@ -96,12 +97,16 @@ class SchedulerDriver:
             is_encoder_decoder=False,
         )
         speculative_config = SpeculativeConfig(
-            method="ngram",
+            method=method,
             num_speculative_tokens=num_speculative_tokens,
-            prompt_lookup_max=3,
-            prompt_lookup_min=1,
             target_model_config=model_config,
             target_parallel_config=ParallelConfig(),
+            # a model drafter: the target is its own draft (no model is ever run here)
+            **(
+                {"prompt_lookup_max": 3, "prompt_lookup_min": 1}
+                if method == "ngram"
+                else {"model": model_path}
+            ),
         )
         vllm_config = VllmConfig(
             model_config=model_config,
