@@ -27,6 +27,7 @@ the plugin relies on is ``specctl.engine.vllm_compat.INVENTORY``):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -94,15 +95,25 @@ class _StepK:
     fails, the step runs with this K: the user's table's, else the engine's.
     """
 
-    __slots__ = ("k", "table")
+    __slots__ = ("k", "size", "table")
 
-    def __init__(self, k: int, table: list[int] | None = None) -> None:
+    def __init__(self, k: int, table: list[int] | None, max_num_seqs: int) -> None:
         self.k = k
         self.table = table
+        # vLLM's lookup is a list indexed by batch size 0..max_num_seqs.
+        self.size = len(table) if table is not None else max_num_seqs + 1
 
     def __getitem__(self, batch_size: int) -> int:
+        if not 0 <= batch_size < self.size:
+            raise IndexError(f"batch size {batch_size} is outside 0..{self.size - 1}")
         table = self.table
         return self.k if table is None else table[batch_size]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        return (self[i] for i in range(self.size))
 
 
 class _SpecctlMixin:
@@ -193,7 +204,7 @@ class _SpecctlMixin:
             substituted_drafter=NGRAM if self._specctl_ngram is not None else None,
         )  # fmt: skip
         self._specctl_engine_arm = engine_default_arm(method, max_k)
-        self._specctl_lookup = _StepK(max_k, table)
+        self._specctl_lookup = _StepK(max_k, table, int(vllm_config.scheduler_config.max_num_seqs))
         self._specctl_view = client.view
         self._specctl_sets_k = False
         self._specctl_schedule_start = 0.0

@@ -97,7 +97,7 @@ class SchedulerDriver:
             is_encoder_decoder=False,
         )
         speculative_config = SpeculativeConfig(
-            method=method,
+            method=method,  # type: ignore[arg-type]
             num_speculative_tokens=num_speculative_tokens,
             target_model_config=model_config,
             target_parallel_config=ParallelConfig(),

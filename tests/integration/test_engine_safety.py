@@ -249,6 +249,30 @@ def test_user_table_caps_the_step_k_and_the_policy_chooses_below(tiny_model: str
     scheduler.shutdown()
 
 
+def test_specctls_lookup_reads_like_vllms_list(tiny_model: str) -> None:
+    """Code that measures or walks vLLM's batch-size lookup sees the same list under a policy."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    baseline = build_scheduler(Scheduler, tiny_model, per_batch_size=TABLE)
+    scheduler = build_scheduler(_specctl(), tiny_model, per_batch_size=TABLE)
+    _pin(scheduler, {"default": "ngram/k=3"})
+    scheduler.add_request(make_request("r", list(range(1, 33)), max_tokens=50))
+    sync_step(scheduler)
+    assert scheduler.dynamic_sd_lookup is not baseline.dynamic_sd_lookup
+    assert len(scheduler.dynamic_sd_lookup) == len(baseline.dynamic_sd_lookup) == 17
+    assert list(scheduler.dynamic_sd_lookup) == list(baseline.dynamic_sd_lookup)
+    scheduler.shutdown()
+    # without a table: the engine's K at every batch size vLLM can schedule
+    scheduler = build_scheduler(_specctl(), tiny_model)
+    _pin(scheduler, {"default": "ngram/k=3"})
+    scheduler.add_request(make_request("r", list(range(1, 33)), max_tokens=50))
+    sync_step(scheduler)
+    assert list(scheduler.dynamic_sd_lookup) == [4] * 17
+    with pytest.raises(IndexError):
+        scheduler.dynamic_sd_lookup[17]
+    scheduler.shutdown()
+
+
 def test_user_table_in_fallback_runs_as_vllm(tiny_model: str) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
