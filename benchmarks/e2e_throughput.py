@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from specctl.bench.processes import SidecarProcess
 
 CLASSES = ("greedy", "hot")
 SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
@@ -32,51 +32,21 @@ WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELEC
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 
 
-class Sidecar:
-    def __init__(self, workdir: Path) -> None:
-        import grpc
+def pin(sidecar: SidecarProcess, arm: str) -> None:
+    """Pin every class to ``arm`` ("" clears the pins)."""
+    for c in CLASSES:
+        sidecar.override(c, arm)
+    time.sleep(1.0)  # pushed, and applied by the engine from its next step
 
-        from specctl.api import pb, pb_grpc
 
-        self.pb = pb
-        self.address = f"unix://{workdir}/specctl.sock"
-        (workdir / "token").write_text("bench-token")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "specctl.cli", "serve", "--listen", self.address,
-                "--metrics-listen", "127.0.0.1:0", "--policy", "specctl", "--admin",
-                "--admin-token-file", str(workdir / "token"), "--log-format", "json",
-            ],
-            stdout=(workdir / "sidecar.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.SpecControllerStub(self.channel)
-        self.admin = pb_grpc.SpecControllerAdminStub(self.channel)
-        grpc.channel_ready_future(self.channel).result(timeout=60)
-
-    def pin(self, arm: str) -> None:
-        for c in CLASSES:
-            self.admin.SetOverride(
-                self.pb.SetOverrideRequest(workload_class=c, arm=arm),
-                metadata=(("authorization", "Bearer bench-token"),),
-                timeout=5,
-            )
-        time.sleep(1.0)  # pushed, and applied by the engine from its next step
-
-    def chosen(self) -> dict[str, str]:
-        """Most probable arm per class, in its busiest load bucket."""
-        out: dict[str, tuple[str, float]] = {}
-        for ce in self.stub.GetEvidence(self.pb.GetEvidenceRequest(), timeout=5).classes:
-            if ce.workload_class in CLASSES and ce.rounds > out.get(ce.workload_class, ("", -1))[1]:
-                top = max(ce.arms, key=lambda a: a.probability)
-                out[ce.workload_class] = (f"{top.arm} (p={top.probability:.2f})", ce.rounds)
-        return {c: v[0] for c, v in out.items()}
-
-    def close(self) -> None:
-        self.channel.close()
-        self.proc.terminate()
-        self.proc.wait(10)
+def chosen(sidecar: SidecarProcess) -> dict[str, str]:
+    """Most probable arm per class, in its busiest load bucket."""
+    out: dict[str, tuple[str, float]] = {}
+    for ce in sidecar.evidence().classes:
+        if ce.workload_class in CLASSES and ce.rounds > out.get(ce.workload_class, ("", -1))[1]:
+            top = max(ce.arms, key=lambda a: a.probability)
+            out[ce.workload_class] = (f"{top.arm} (p={top.probability:.2f})", ce.rounds)
+    return {c: v[0] for c, v in out.items()}
 
 
 def batch(n: int, max_tokens: int, offset: int) -> tuple[list[str], list[Any]]:
@@ -143,7 +113,8 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="specctl-b-"))
     model = str(build_tiny_model(workdir / "tiny"))
-    sidecar = Sidecar(workdir)
+    sidecar = SidecarProcess(workdir, workdir, load_bucket_bounds=None)
+    sidecar.start("specctl")
     os.environ.update(
         SPECCTL_ADDRESS=sidecar.address, SPECCTL_SEED="0", VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -158,12 +129,12 @@ def main() -> None:
         pid = sidecar.proc.pid
         for i in range(args.learn_batches):  # specctl learns (also from the pinned phases later)
             run(llm, args.requests, args.max_tokens, 10_000 + i * args.requests, pid)
-        print("after learning, specctl chooses:", sidecar.chosen(), flush=True)
+        print("after learning, specctl chooses:", chosen(sidecar), flush=True)
         configs = [("no speculation", "off"), ("static ngram/k=4", "ngram/k=4"), ("specctl", "")]
         totals = {name: [0, 0.0, 0.0] for name, _ in configs}
         for r in range(args.rounds):
-            for name, pin in configs:
-                sidecar.pin(pin)
+            for name, arm in configs:
+                pin(sidecar, arm)
                 tokens, wall, cpu = run(llm, args.requests, args.max_tokens, r * args.requests, pid)
                 for i, v in enumerate((tokens, wall, cpu)):
                     totals[name][i] += v
@@ -172,7 +143,7 @@ def main() -> None:
                     f"{tokens / cpu:8.1f} per engine CPU s",
                     flush=True,
                 )
-        print("specctl chooses:", sidecar.chosen())
+        print("specctl chooses:", chosen(sidecar))
         base_wall = totals["no speculation"][0] / totals["no speculation"][1]
         base_cpu = totals["no speculation"][0] / totals["no speculation"][2]
         print(
@@ -186,7 +157,7 @@ def main() -> None:
             )
     finally:
         llm.llm_engine.engine_core.shutdown()
-        sidecar.close()
+        sidecar.stop()
 
 
 if __name__ == "__main__":

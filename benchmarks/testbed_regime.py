@@ -32,13 +32,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from specctl.bench.processes import SidecarProcess
 
 SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 DRAFTER = "draft_model"
@@ -53,52 +53,18 @@ CLASSES: dict[str, tuple[float, float]] = {
 }
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
-TOKEN = "bench-token"
 
 
-class Sidecar:
-    """``specctl serve`` with the admin API, in its own process."""
+def pin(sidecar: SidecarProcess, classes: list[str], arm: str) -> None:
+    """Pin ``classes`` to ``arm`` ("" clears the pins)."""
+    for c in classes:
+        sidecar.override(c, arm)
+    time.sleep(1.0)  # pushed, and applied by the engine from its next step
 
-    def __init__(self, workdir: Path) -> None:
-        import grpc
 
-        from specctl.api import pb, pb_grpc
-
-        self.pb = pb
-        self.address = f"unix://{workdir}/specctl.sock"
-        (workdir / "token").write_text(TOKEN)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "specctl.cli", "serve", "--listen", self.address,
-                "--metrics-listen", "127.0.0.1:0", "--policy", "specctl", "--admin",
-                "--admin-token-file", str(workdir / "token"), "--log-format", "json",
-            ],
-            stdout=(workdir / "sidecar.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        self.channel = grpc.insecure_channel(self.address)
-        self.admin = pb_grpc.SpecControllerAdminStub(self.channel)
-        self.stub = pb_grpc.SpecControllerStub(self.channel)
-        grpc.channel_ready_future(self.channel).result(timeout=60)
-
-    def pin(self, classes: list[str], arm: str) -> None:
-        for c in classes:
-            self.admin.SetOverride(
-                self.pb.SetOverrideRequest(workload_class=c, arm=arm),
-                metadata=(("authorization", f"Bearer {TOKEN}"),),
-                timeout=5,
-            )
-        time.sleep(1.0)  # pushed, and applied by the engine from its next step
-
-    def arms(self) -> list[str]:
-        """The arms of the sidecar's current policy (what the engine offered it)."""
-        policy = self.stub.GetPolicy(self.pb.GetPolicyRequest(), timeout=5)
-        return sorted({a for e in policy.entries for a in e.arms})
-
-    def close(self) -> None:
-        self.channel.close()
-        self.proc.terminate()
-        self.proc.wait(10)
+def offered_arms(sidecar: SidecarProcess) -> list[str]:
+    """The arms of the sidecar's current policy (what the engine offered it)."""
+    return sorted({a for e in sidecar.policy_now().entries for a in e.arms})
 
 
 def engine_cpu_s(exclude: int) -> tuple[float, float]:
@@ -300,7 +266,8 @@ def main() -> None:
     t0 = time.monotonic()
     target, draft = build_testbed_models(Path(args.models) if args.models else workdir, config)
     print(f"models {config} ready in {time.monotonic() - t0:.1f} s", flush=True)
-    sidecar = Sidecar(workdir)
+    sidecar = SidecarProcess(workdir, workdir, load_bucket_bounds=None)
+    sidecar.start("specctl")
     os.environ.update(
         SPECCTL_ADDRESS=sidecar.address, SPECCTL_SEED="0", SPECCTL_REPORT_INTERVAL_S="0.1",
         VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -335,7 +302,7 @@ def main() -> None:
                     per_k: dict[int, list[Run]] = {k: [] for k in ks}
                     for r in range(args.repeats):
                         for k in ks:
-                            sidecar.pin(classes, arm_of(k))
+                            pin(sidecar, classes, arm_of(k))
                             per_k[k].append(run(llm, c, b, args.max_tokens, 1000 * r, pid))
                         if CLASSES[c][0] == 0.0:  # greedy: speculation never changes text
                             ref = per_k[ks[0]][-1].token_ids
@@ -343,13 +310,13 @@ def main() -> None:
                     for k in ks:
                         rows[(c, b, arm_of(k))] = summarize(per_k[k])
                         print(c, b, arm_of(k), _short(rows[(c, b, arm_of(k))]), flush=True)
-            sidecar.pin(classes, "")  # back to the learning policy: every arm in its entries
-            results["arms"] = sidecar.arms()
+            pin(sidecar, classes, "")  # back to the learning policy: every arm in its entries
+            results["arms"] = offered_arms(sidecar)
         finally:
             llm.llm_engine.engine_core.shutdown()
         results["greedy_mismatches"] = mismatches
     finally:
-        sidecar.close()
+        sidecar.stop()
 
     print_tables(rows, classes, batches, ks, args.baseline)
     print(f"\nengine start: {results['start_s']:.1f} s with {DRAFTER}", end="")

@@ -470,6 +470,11 @@ class SidecarProcess:
         stub = self._pb_grpc.SpecControllerStub(self._channel)
         return stub.GetEvidence(self._pb.GetEvidenceRequest(), timeout=10)
 
+    def policy_now(self) -> Any:
+        """The ``Policy`` the sidecar serves now, over every arm engines offered it."""
+        stub = self._pb_grpc.SpecControllerStub(self._channel)
+        return stub.GetPolicy(self._pb.GetPolicyRequest(), timeout=10)
+
     def override(self, workload_class: str, arm: str) -> None:
         """Pin ``workload_class`` to ``arm`` ("" clears the pin)."""
         admin = self._pb_grpc.SpecControllerAdminStub(self._channel)
