@@ -25,9 +25,6 @@ from typing import Any
 from specctl.bench.processes import SidecarProcess
 
 CLASSES = ("greedy", "hot")
-SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-         "prompt_lookup_min": 1}  # fmt: skip
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 
@@ -109,6 +106,7 @@ def main() -> None:
     parser.add_argument("--learn-batches", type=int, default=10)
     args = parser.parse_args()
 
+    from specctl.testing.tiny_engine import tiny_ngram_llm
     from specctl.testing.tiny_model import build_tiny_model
 
     workdir = Path(tempfile.mkdtemp(prefix="specctl-b-"))
@@ -119,12 +117,7 @@ def main() -> None:
         SPECCTL_ADDRESS=sidecar.address, SPECCTL_SEED="0", VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
     )  # fmt: skip
-    from vllm import LLM
-
-    llm = LLM(
-        model=model, dtype="float32", enforce_eager=True, max_model_len=512,
-        max_num_seqs=args.requests, seed=0, speculative_config=NGRAM, scheduler_cls=SCHEDULER_CLS,
-    )  # fmt: skip
+    llm = tiny_ngram_llm(model, max_num_seqs=args.requests)
     try:
         pid = sidecar.proc.pid
         for i in range(args.learn_batches):  # specctl learns (also from the pinned phases later)

@@ -23,8 +23,6 @@ WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELEC
          "Goodput is", "Once upon a time", '{"workload_class":', "0123456789 abc"]  # fmt: skip
 # class -> sampling temperature
 CLASSES = {"greedy": 0.0, "warm": 0.6, "hot": 1.0}
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-         "prompt_lookup_min": 1}  # fmt: skip
 
 
 def main() -> None:
@@ -35,6 +33,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2, help="batches per class and size")
     args = parser.parse_args()
 
+    from specctl.testing.tiny_engine import tiny_ngram_llm
     from specctl.testing.tiny_model import build_tiny_model
 
     out = Path(args.out).resolve()
@@ -50,18 +49,9 @@ def main() -> None:
         SPECCTL_STEP_CLOCK="process_cpu",
         SPECCTL_SEED="0",
     )
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
-        model=model,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=512,
-        max_num_seqs=32,
-        seed=0,
-        speculative_config=NGRAM,
-        scheduler_cls="specctl.engine.scheduler.SpecctlScheduler",
-    )
+    llm = tiny_ngram_llm(model, max_num_seqs=32)
     offset = 0
     t0 = time.monotonic()
     for n in (int(x) for x in args.concurrency.split(",")):

@@ -15,9 +15,6 @@ import grpc
 
 from specctl.api import pb, pb_grpc
 
-SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-         "prompt_lookup_min": 1}  # fmt: skip
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 

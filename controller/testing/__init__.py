@@ -2,6 +2,7 @@
 
 A sidecar on a background thread, a scripted engine that talks to it over gRPC,
 hypothesis strategies for engine messages, a vLLM scheduler driven without a
-model runner, and the tiny model it and the engine tests load. Nothing in the
-sidecar or the engine plugin imports this package.
+model runner, the tiny model it and the engine tests load, and vLLM's offline
+engine on that model. Nothing in the sidecar or the engine plugin imports this
+package.
 """

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import NGRAM, SCHEDULER_CLS, VLLM_ENV, SidecarProcess, free_port
+from engine_support import VLLM_ENV, SidecarProcess, free_port
+
+from specctl.bench.processes import SCHEDULER_CLS
+from specctl.testing.tiny_engine import NGRAM
 
 pytestmark = pytest.mark.vllm
 

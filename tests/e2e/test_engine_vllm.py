@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import NGRAM, SCHEDULER_CLS, VLLM_ENV, SidecarProcess
+from engine_support import VLLM_ENV, SidecarProcess
 
 from specctl.steps import load_bucket_of
+from specctl.testing.tiny_engine import tiny_ngram_llm
 
 pytestmark = pytest.mark.vllm
 
@@ -69,19 +70,7 @@ def llm(sidecar: SidecarProcess, tiny_model: str) -> Iterator[Any]:
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    from vllm import LLM
-
-    engine = LLM(
-        model=tiny_model,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=512,
-        max_num_seqs=32,
-        seed=0,
-        speculative_config=NGRAM,
-        scheduler_cls=SCHEDULER_CLS,
-        disable_log_stats=False,
-    )
+    engine = tiny_ngram_llm(tiny_model, max_num_seqs=32, log_stats=True)
     yield engine
     engine.llm_engine.engine_core.shutdown()
     for k, v in saved.items():
