@@ -34,10 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from specctl.testing.scripted_engine import histogram_quantile, scrape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sidecar_ingest import make_report
@@ -166,41 +167,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
-
-
-def histogram_quantile(before: dict, after: dict, name: str, q: float) -> float:
-    """Prometheus-style quantile of the observations between two scrapes."""
+def quantile_between(before: dict, after: dict, name: str, q: float) -> float:
+    """The ``q`` quantile of histogram ``name``'s observations between two scrapes."""
     buckets = []
     for key, value in after.items():
         if key.startswith(f"{name}_bucket{{"):
             le = key.split('le="')[1].rstrip('"}')
             bound = float("inf") if le == "+Inf" else float(le)
             buckets.append((bound, value - before.get(key, 0.0)))
-    buckets.sort()
-    total = buckets[-1][1] if buckets else 0.0
-    if total <= 0:
-        return float("nan")
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return prev_bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / max(
-                count - prev_count, 1e-12
-            )
-        prev_bound, prev_count = bound, count
-    return float("nan")
+    return histogram_quantile(sorted(buckets), q)
 
 
 def proc_sample(pid: int) -> tuple[float, float]:
@@ -342,8 +317,8 @@ def run_load(
         "received_per_s": round(received / duration, 1),
         "rejected": int(rejected),
         "not_received": int(sent - received),
-        "update_p50_ms": round(1e3 * histogram_quantile(before, after, name, 0.5), 3),
-        "update_p99_ms": round(1e3 * histogram_quantile(before, after, name, 0.99), 3),
+        "update_p50_ms": round(1e3 * quantile_between(before, after, name, 0.5), 3),
+        "update_p99_ms": round(1e3 * quantile_between(before, after, name, 0.99), 3),
         "push_delay_p50_ms": round(1e3 * statistics.median(push), 2) if push else None,
         "push_delay_p99_ms": round(1e3 * float(np.quantile(push, 0.99)), 2) if push else None,
         "held_policy_age_p50_s": round(statistics.median(held), 2) if held else None,

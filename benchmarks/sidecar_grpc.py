@@ -25,27 +25,12 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from specctl.sidecar.config import load_config
-from specctl.testing.scripted_engine import ScriptedEngine, hello, report
+from specctl.testing.scripted_engine import ScriptedEngine, hello, histogram_quantile, report
 from specctl.testing.sidecar_thread import SidecarThread
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from sidecar_ingest import make_report  # noqa: E402
-
-
-def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
-    """Prometheus-style quantile from cumulative (upper bound, count) buckets."""
-    total = buckets[-1][1]
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if bound == float("inf"):
-                return prev_bound
-            span = count - prev_count
-            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 0)
-        prev_bound, prev_count = bound, count
-    return prev_bound
 
 
 def scrape(url: str) -> dict[str, list]:

@@ -27,6 +27,29 @@ def scrape(metrics_url: str) -> dict[str, float]:
     return samples
 
 
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """The ``q`` quantile of a histogram's cumulative (upper bound, count) buckets, sorted by
+    bound, interpolated within its bucket as Prometheus's ``histogram_quantile`` does (NaN
+    when nothing was observed).
+
+    The sidecar's latencies are histograms: a benchmark reads their quantiles from two
+    scrapes rather than from samples of its own.
+    """
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            span = count - prev_count
+            return prev_bound + (bound - prev_bound) * ((rank - prev_count) / span if span else 0)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
 def hello(
     engine_id: str = "engine-1",
     drafters: Sequence[tuple[str, int]] = (("ngram", 4),),
