@@ -16,22 +16,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 from google.protobuf.json_format import MessageToDict
 
 from specctl.api import pb, pb_grpc
-from specctl.protocol.reports import encode_step_report
-from specctl.steps import StepRecord
+from specctl.testing.random_reports import RandomReports
 from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-ARMS = ["off", "ngram/k=1", "ngram/k=2", "ngram/k=4"]
-CLASSES = ["chat", "code", "math"]
+REPORTS = RandomReports(
+    arms=("off", "ngram/k=1", "ngram/k=2", "ngram/k=4"),
+    classes=("chat", "code", "math"),
+    steps_per_report=3,
+    rows_per_step=8,
+    num_load_buckets=2,
+)
 
 
 def _free_port() -> int:
@@ -98,34 +100,6 @@ class ServeProcess:
         return stderr
 
 
-def reports(n: int, seed: int) -> Iterator[pb.StepReport]:
-    rng = np.random.default_rng(seed)
-    t = time.time()
-    for seq in range(1, n + 1):
-        steps = []
-        for j in range(3):
-            t += 0.005
-            arms = [ARMS[i] for i in rng.integers(0, len(ARMS), 8)]
-            drafted = [int(a.rsplit("=", 1)[1]) if a != "off" else 0 for a in arms]
-            steps.append(
-                StepRecord(
-                    step_index=seq * 3 + j,
-                    step_time_s=float(0.02 + 0.002 * sum(drafted) / 8 + rng.uniform(0, 0.002)),
-                    batch_size=8,
-                    num_scheduled_tokens=8 + sum(drafted),
-                    policy_version=1,
-                    load_bucket=int(rng.integers(0, 2)),
-                    step_end_unix_s=t,
-                    classes=[CLASSES[i] for i in rng.integers(0, len(CLASSES), 8)],
-                    arms=arms,
-                    propensity=[0.25] * 8,
-                    drafted=drafted,
-                    accepted=[int(rng.binomial(d, 0.7)) for d in drafted],
-                )
-            )
-        yield encode_step_report(seq, steps)
-
-
 def assert_same_evidence(before: dict, after: dict) -> None:
     def flatten(d: object, prefix: str = "") -> dict[str, object]:
         out: dict[str, object] = {}
@@ -173,7 +147,7 @@ def learn(sc: ServeProcess, n: int, seed: int, engine_id: str) -> None:
         engine.send(hello(engine_id))
         engine.recv_policy(timeout=30)
         start = scrape(sc.metrics_url).get("specctl_reports_received_total", 0.0)
-        for r in reports(n, seed):
+        for r in REPORTS.reports(n, seed):
             engine.send(r)
         wait_for(
             lambda: scrape(sc.metrics_url).get("specctl_reports_received_total") == start + n,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 from specctl.arms import parse_arm
 from specctl.decisionlog import DecisionLogConfig, DecisionLogWriter
 from specctl.policy.registry import make_policy
-from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.protocol.reports import decode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.snapshot import (
     IngestWatermarks,
@@ -28,11 +27,20 @@ from specctl.sidecar.snapshot import (
     restore,
     write_snapshot,
 )
-from specctl.steps import StepBatch, StepRecord
+from specctl.steps import StepBatch
+from specctl.testing.random_reports import RandomReports
 
 OFFERED = {"ngram": 4, "eagle3": 3}
 ARMS = ["off", "ngram/k=2", "ngram/k=4", "eagle3/k=3"]
 CLASSES = ["chat", "code", "math"]
+REPORTS = RandomReports(
+    tuple(ARMS),
+    tuple(CLASSES),
+    steps_per_report=4,
+    rows_per_step=6,
+    num_load_buckets=4,
+    step_interval_s=0.01,
+)
 
 
 def make_book(**params: object) -> PolicyBook:
@@ -42,37 +50,10 @@ def make_book(**params: object) -> PolicyBook:
 
 def batches(n: int, *, engine: str = "engine-1", seed: int = 0) -> list[StepBatch]:
     """``n`` validated reports of 4 steps x 6 rows, each step ending 10 ms after the last."""
-    rng = np.random.default_rng(seed)
-    out = []
-    t = time.time()
-    for seq in range(1, n + 1):
-        steps = []
-        for j in range(4):
-            t += 0.01
-            arms = [ARMS[i] for i in rng.integers(0, len(ARMS), 6)]
-            drafted = [parse_arm(a).k for a in arms]
-            accepted = [int(rng.integers(0, d + 1)) for d in drafted]
-            steps.append(
-                StepRecord(
-                    step_index=seq * 4 + j,
-                    step_time_s=float(rng.uniform(0.01, 0.05)),
-                    batch_size=6,
-                    num_scheduled_tokens=6 + sum(drafted),
-                    policy_version=1,
-                    load_bucket=int(rng.integers(0, 4)),
-                    step_end_unix_s=t,
-                    classes=[CLASSES[i] for i in rng.integers(0, len(CLASSES), 6)],
-                    arms=arms,
-                    propensity=[0.5] * 6,
-                    drafted=drafted,
-                    accepted=accepted,
-                )
-            )
-        report = encode_step_report(seq, steps)
-        out.append(
-            decode_step_report(report, engine_id=engine, offered=OFFERED, num_load_buckets=4)
-        )
-    return out
+    return [
+        decode_step_report(report, engine_id=engine, offered=OFFERED, num_load_buckets=4)
+        for report in REPORTS.reports(n, seed)
+    ]
 
 
 def assert_same_state(a: PolicyBook, b: PolicyBook) -> None:
