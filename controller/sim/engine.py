@@ -46,7 +46,7 @@ from specctl.sidecar.config import ServerConfig
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.published import EnginePolicy
 from specctl.sidecar.sessions import Sessions
-from specctl.sim.scenario import AcceptanceChange, LoadChange, MixChange, Scenario
+from specctl.sim.scenario import AcceptanceChange, EventQueue, LoadChange, MixChange, Scenario
 from specctl.sim.table import TargetModel
 from specctl.steps import StepRecord
 
@@ -107,8 +107,7 @@ class World:
         self.batch_size = scenario.batch
         self.acceptance_scale = np.ones(len(self.model.classes))
         self.mix = scenario.mix_vector()
-        self._events = sorted(scenario.events, key=lambda e: e.step)
-        self._next_event = 0
+        self._events = EventQueue(scenario.events)
         self._class_id = {c: i for i, c in enumerate(self.model.classes)}
         self.slot_class = self._new_classes(self.batch_size)
         self.slot_remaining = self._new_lengths(self.batch_size)
@@ -141,15 +140,9 @@ class World:
 
     def apply_events(self) -> list[object]:
         """Apply the events due at the current step; return them."""
-        fired: list[object] = []
+        fired: list[object] = list(self._events.pop_due(self.step))
         changed = False
-        while (
-            self._next_event < len(self._events)
-            and self._events[self._next_event].step <= self.step
-        ):
-            e = self._events[self._next_event]
-            self._next_event += 1
-            fired.append(e)
+        for e in fired:
             if isinstance(e, AcceptanceChange):
                 self.acceptance_scale[self._class_id[e.workload_class]] = e.scale
                 changed = True

@@ -65,6 +65,22 @@ class LoadChange:
 Event = AcceptanceChange | MixChange | LoadChange
 
 
+class EventQueue:
+    """A run's events in step order, each handed out once, when its step comes."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self._events = sorted(events, key=lambda e: e.step)
+        self._next = 0
+
+    def pop_due(self, step: int) -> list[Event]:
+        """The events not handed out yet whose step is at most ``step``, in step order."""
+        due: list[Event] = []
+        while self._next < len(self._events) and self._events[self._next].step <= step:
+            due.append(self._events[self._next])
+            self._next += 1
+        return due
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One simulated run's world. ``mix`` weights need not sum to 1."""

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specctl.arms import arms_for
-from specctl.sim.scenario import Event, LoadChange, Scenario
+from specctl.sim.scenario import Event, EventQueue, LoadChange, Scenario
 from specctl.sim.table import REFERENCE_BATCH, TargetModel
 
 if TYPE_CHECKING:
@@ -532,8 +532,7 @@ class TraceWorld:
         self.step = 0
         self.batch_size = scenario.batch
         self.mix = scenario.mix_vector()
-        self._events = sorted(scenario.events, key=lambda e: e.step)
-        self._next_event = 0
+        self._events = EventQueue(scenario.events)
         self._cursor = 0
         self._paused: collections.deque[tuple[int, int]] = collections.deque()
         self.slot_req, self.slot_pos = self._admit(self.batch_size)
@@ -578,14 +577,8 @@ class TraceWorld:
 
     def apply_events(self) -> list[object]:
         """Apply the load changes due at the current step; return them."""
-        fired: list[object] = []
-        while (
-            self._next_event < len(self._events)
-            and self._events[self._next_event].step <= self.step
-        ):
-            e = self._events[self._next_event]
-            self._next_event += 1
-            fired.append(e)
+        fired: list[object] = list(self._events.pop_due(self.step))
+        for e in fired:
             if not isinstance(e, LoadChange) or e.batch == len(self.slot_req):
                 continue
             n = len(self.slot_req)
