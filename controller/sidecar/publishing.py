@@ -73,6 +73,16 @@ class Publisher:
         if self._changed is not None:
             self._changed.set()
 
+    def configure(self, config: PolicyConfig) -> None:
+        """A reloaded policy section: its push and republish intervals apply at once.
+
+        :meth:`run` is woken, so that it waits for the next heartbeat with the new
+        ``republish_interval_s`` rather than the one it last started waiting with.
+        """
+        self.config = config
+        if self._changed is not None:
+            self._changed.set()
+
     def push(self, republish: bool = False) -> None:
         """Queue the current version for every engine that has not seen it yet.
 
@@ -93,8 +103,9 @@ class Publisher:
 
     async def run(self) -> None:
         assert self._changed is not None, "begin() first"
-        republish = self.config.republish_interval_s or None
         while True:
+            # read on every wait: a configuration reload may change it
+            republish = self.config.republish_interval_s or None
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout=republish)
             except TimeoutError:

@@ -123,7 +123,7 @@ class ConfigReloader:
             state=old.state,
             path=old.path,
         )
-        self.publisher.config = new.policy
+        self.publisher.configure(new.policy)
         log.info(
             "config_reloaded", path=new.path, policy=new.policy.name, policy_version=book.version
         )

@@ -280,6 +280,24 @@ def test_a_settled_policy_is_republished_as_a_heartbeat(sidecar_factory) -> None
         engine.close()
 
 
+def test_a_reloaded_republish_interval_takes_effect(sidecar_factory, tmp_path: Path) -> None:
+    config = tmp_path / "specctl.toml"
+    config.write_text("[policy]\nrepublish_interval_s = 3600\n")
+    sidecar = sidecar_factory(config_path=config)
+    engine = ScriptedEngine(sidecar.address)
+    try:
+        engine.send(hello("reload-engine"))
+        first = engine.recv_policy()
+        config.write_text("[policy]\nrepublish_interval_s = 0.3\n")
+        assert sidecar.run(sidecar.sidecar.reload_config) is True
+        # the heartbeat now comes every 0.3 s, not an hour after the last push
+        again = engine.recv_policy(timeout=5.0)
+        assert again.version == first.version
+        assert again.issued_unix_s > first.issued_unix_s
+    finally:
+        engine.close()
+
+
 def test_the_policy_learns_in_every_configured_load_bucket(sidecar_factory) -> None:
     # Five bounds: six buckets, more than the policy's own default of four.
     bounds = [2, 4, 8, 16, 64]
