@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from specctl.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
+from specctl.bench.policy_names import learning_policies
 from specctl.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer, metric_sum
-from specctl.bench.workload import Workload, learning_policies
+from specctl.bench.workload import Workload
 
 REFERENCE_SIDECAR = "static"
 Progress = Callable[[str], None]
