@@ -75,9 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_engine(args: argparse.Namespace) -> int:
     from specctl.bench.engine_bench import BenchOptions, EngineBench
+    from specctl.bench.policy_names import policy_name_problem
     from specctl.bench.processes import ProcessError
     from specctl.bench.report import benchmark_json, format_report
-    from specctl.bench.workload import WorkloadError, load_workload, policy_name_problem
+    from specctl.bench.workload_file import load_workload
+    from specctl.bench.workload_values import WorkloadError
 
     if not args.workload:
         print("specctl bench: --engine vllm needs --workload FILE", file=sys.stderr)

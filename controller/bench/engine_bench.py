@@ -26,128 +26,32 @@ clients are then cancelled and the engine drained before the next segment.
 Learning policies' evidence is sampled every ``sample_every_s`` (the
 timeline: arm probabilities and decision stability per context).
 
-:mod:`.analysis` turns the segments into goodput, the oracle and the ratios.
+:mod:`.schedule` lays the segments out, :mod:`.readings` reads the counters,
+:mod:`.timeline` turns evidence samples into rows, and :mod:`.analysis` turns
+the segments into goodput, the oracle and the ratios.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
-import json
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specctl.bench.engine_model import prepare_model
 from specctl.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
-from specctl.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer, metric_sum
-from specctl.bench.workload import Workload, learning_policies
+from specctl.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer
+from specctl.bench.readings import Reading, read_caught_up, vllm_tokens
+from specctl.bench.schedule import PolicyRun, estimate_seconds, expand_policies, schedule
+from specctl.bench.timeline import evidence_rows
+from specctl.bench.workload import Workload
 
 REFERENCE_SIDECAR = "static"
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class PolicyRun:
-    """One policy of the benchmark: a static arm pinned by override, or a learning policy."""
-
-    name: str
-    static_arm: str | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def learning(self) -> bool:
-        return self.static_arm is None
-
-
-def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> list[PolicyRun]:
-    """The policies to run, in the order given: ``static`` expands to every static arm of
-    the workload (``static:<arm>``); default: every static arm, specctl, every peer."""
-    chosen = list(names or workload.bench.policies or ["static", *learning_policies()])
-    runs: dict[str, PolicyRun] = {}
-    for name in chosen:
-        if name == "static":
-            for arm in workload.static_arms():
-                runs.setdefault(f"static:{arm}", PolicyRun(f"static:{arm}", static_arm=arm))
-        elif name.startswith("static:"):
-            runs.setdefault(name, PolicyRun(name, static_arm=name.removeprefix("static:")))
-        else:
-            runs.setdefault(name, PolicyRun(name, params=workload.policy_params.get(name, {})))
-    return list(runs.values())
-
-
-def rotated(runs: Sequence[PolicyRun], offset: int) -> list[PolicyRun]:
-    k = offset % len(runs) if runs else 0
-    return [*runs[k:], *runs[:k]]
-
-
-def schedule(
-    workload: Workload, runs: Sequence[PolicyRun], repetitions: int
-) -> list[tuple[int, int, PolicyRun]]:
-    """(repetition, phase index, policy) in the order they run."""
-    out = []
-    for rep in range(repetitions):
-        for p in range(len(workload.phases)):
-            for run in rotated(runs, rep * len(workload.phases) + p):
-                out.append((rep, p, run))
-    return out
-
-
-def estimate_seconds(workload: Workload, runs: Sequence[PolicyRun], repetitions: int) -> float:
-    """What the segments take, without engine start-up and switching."""
-    total = 0.0
-    for _, p, run in schedule(workload, runs, repetitions):
-        lead = workload.bench.warmup_s if run.learning else workload.bench.settle_s
-        total += lead + workload.phases[p].seconds
-    return total
-
-
-def prepare_model(workload: Workload, models_dir: Path) -> tuple[str, dict[str, Any]]:
-    """The target model's directory and vLLM's speculative_config, building a built-in
-    model (seeded, cached under ``models_dir``) when the workload names one."""
-    spec = dict(workload.speculative)
-    m = workload.model
-    if m.builtin == "testbed":
-        from specctl.demo.testbed_model import TestbedConfig, build_testbed_models
-
-        config = TestbedConfig(**dict(m.testbed))
-        digest = hashlib.sha256(json.dumps(config.to_json(), sort_keys=True).encode())
-        target, draft = build_testbed_models(
-            models_dir / f"testbed-{digest.hexdigest()[:10]}", config
-        )
-        if spec["method"] == "draft_model" and "model" not in spec:
-            spec["model"] = str(draft)
-        return str(target), spec
-    if m.builtin == "tiny":
-        from specctl.testing.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(models_dir / "tiny")), spec
-    assert m.path is not None
-    if not m.path.is_dir():
-        raise FileNotFoundError(f"model.path {m.path} is not a directory")
-    return str(m.path), spec
-
-
-@dataclass
-class Reading:
-    """Counters at one instant: engine CPU seconds and the sidecar's per-class counters."""
-
-    t: float
-    engine_cpu_s: float
-    worker_cpu_s: float
-    arm_rounds: dict[tuple[str, str], float]
-    accepted: dict[str, float]
-    drafted: dict[str, float]
-    # seconds the sidecar's scrape took (the uncertainty of ``t``)
-    scrape_s: float = 0.0
-    # end (unix time) of the latest engine step the counters include
-    learned_until: float = 0.0
-    # seconds spent waiting for the sidecar to learn up to the reading's instant
-    caught_up_s: float = 0.0
 
 
 @dataclass
@@ -200,74 +104,6 @@ class EngineBench:
         if self.options.progress is not None:
             self.options.progress(line)
 
-    def read(self) -> Reading:
-        """The sidecar's counters, with the engine's CPU time and the clock read on both
-        sides of the scrape: their midpoint is the reading's instant ``t`` (a scrape can
-        take a while on a loaded machine)."""
-        assert self._sidecar is not None and self._server is not None
-        cpu0, worker0 = self._server.cpu_seconds()
-        t0 = time.monotonic()
-        side = self._sidecar.metrics()
-        t1 = time.monotonic()
-        cpu1, worker1 = self._server.cpu_seconds()
-        rounds: dict[tuple[str, str], float] = {}
-        accepted: dict[str, float] = {}
-        drafted: dict[str, float] = {}
-        learned_until = 0.0
-        for s in side:
-            if s.name == "specctl_learned_until_timestamp_seconds":
-                learned_until = s.value
-            c = s.labels.get("workload_class", "")
-            if s.name == "specctl_arm_rounds_total":
-                key = (c, s.labels.get("arm", ""))
-                rounds[key] = rounds.get(key, 0.0) + s.value
-            elif s.name == "specctl_accepted_tokens_total":
-                accepted[c] = accepted.get(c, 0.0) + s.value
-            elif s.name == "specctl_draft_tokens_total":
-                drafted[c] = drafted.get(c, 0.0) + s.value
-        return Reading(
-            t=(t0 + t1) / 2,
-            engine_cpu_s=(cpu0 + cpu1) / 2,
-            worker_cpu_s=(worker0 + worker1) / 2,
-            arm_rounds=rounds,
-            accepted=accepted,
-            drafted=drafted,
-            scrape_s=t1 - t0,
-            learned_until=learned_until,
-        )
-
-    def read_caught_up(self, target_unix_s: float, timeout_s: float = 15.0) -> Reading:
-        """:meth:`read` once the sidecar has learned every step up to ``target_unix_s``.
-
-        The sidecar's counters are what it has learned, and a sidecar that is busy
-        (a restart restoring its state, a burst of reports) learns behind the engine:
-        read at a clock instant, they would hold less than the engine did by then. The
-        engine's CPU clock is read at the target instant, the counters once caught up.
-        """
-        first = self.read()
-        reading = first
-        deadline = time.monotonic() + timeout_s
-        while reading.learned_until < target_unix_s and time.monotonic() < deadline:
-            time.sleep(0.05)
-            reading = self.read()
-        return dataclasses.replace(
-            reading,
-            t=first.t,
-            engine_cpu_s=first.engine_cpu_s,
-            worker_cpu_s=first.worker_cpu_s,
-            caught_up_s=reading.t - first.t,
-        )
-
-    def vllm_tokens(self) -> tuple[float, float]:
-        """vLLM's own count of generated tokens and the instant it was read (the middle of
-        the scrape): a cross-check, read off the measurement's path (its scrape goes
-        through the busy API server and can take seconds, so it is compared as a rate over
-        its own interval)."""
-        assert self._server is not None
-        t0 = time.monotonic()
-        value = metric_sum(self._server.metrics(), "vllm:generation_tokens_total")
-        return value, (t0 + time.monotonic()) / 2
-
     def _use_policy(self, run: PolicyRun) -> None:
         """Point the engine at ``run``: re-pin the reference sidecar, or restart the
         sidecar with the learning policy."""
@@ -291,51 +127,9 @@ class EngineBench:
             time.sleep(0.6)  # the pinned policy is pushed (min_push_interval_s 0.5 s)
 
     def _evidence_rows(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
-        from specctl.protocol.policy_messages import stability_by_context
-        from specctl.steps import load_bucket_of
-
         assert self._sidecar is not None
         response = self._sidecar.evidence()
-        stability = stability_by_context(response)
-        classes = {c.name for c in self.workload.classes}
-        current = load_bucket_of(
-            self.workload.phases[meta["phase_index"]].total_concurrency, self.bounds
-        )
-        rows = []
-        t = round(self.elapsed(), 2)
-        for ce in response.classes:
-            if ce.workload_class not in classes:
-                continue
-            bucket = int(ce.load_bucket)
-            if ce.rounds <= 0 and bucket != current:
-                continue
-            probs = {a.arm: round(float(a.probability), 4) for a in ce.arms}
-            top = max(probs, key=lambda a: probs[a]) if probs else ""
-            st = stability.get((ce.workload_class, bucket))
-            rows.append(
-                {
-                    "t": t,
-                    "segment": meta["segment"],
-                    "policy": meta["policy"],
-                    "repetition": meta["repetition"],
-                    "phase": meta["phase"],
-                    "measured": meta.get("measured", False),
-                    "class": ce.workload_class,
-                    "bucket": bucket,
-                    "current": bucket == current,
-                    "rounds": round(float(ce.rounds), 1),
-                    "probabilities": probs,
-                    "top_arm": top,
-                    "top_p": probs.get(top, 0.0),
-                    "mode_arm": st.mode.name if st else top,
-                    "mode_dwell_s": round(st.mode_dwell_s, 2) if st else None,
-                    "mode_flips_total": st.mode_flips_total if st else None,
-                    "changes_total": st.changes_total if st else None,
-                    "change_tv_total": round(st.change_tv_total, 4) if st else None,
-                    "explanation": ce.explanation or ce.override_arm,
-                }
-            )
-        return rows
+        return evidence_rows(response, self.workload, self.bounds, meta, round(self.elapsed(), 2))
 
     # -- one segment ---------------------------------------------------------------------
 
@@ -440,10 +234,11 @@ class EngineBench:
         rep: int,
         meta: dict[str, Any],
     ) -> tuple[Reading, Reading, tuple[float, float], dict[str, Any]]:
-        assert self._server is not None
+        server, sidecar = self._server, self._sidecar
+        assert server is not None and sidecar is not None
         stop = asyncio.Event()
         generator = LoadGenerator(
-            self._server.base_url, SERVED_MODEL_NAME, self.workload.classes, self._pools
+            server.base_url, SERVED_MODEL_NAME, self.workload.classes, self._pools
         )
         phase_index = meta["phase_index"]
         load = asyncio.create_task(
@@ -458,14 +253,14 @@ class EngineBench:
             sampler = asyncio.create_task(self._sample(meta, stop))
         try:
             await self._sleep_watching(lead, load)
-            start = await asyncio.to_thread(self.read_caught_up, time.time())
-            vllm_start = asyncio.create_task(asyncio.to_thread(self.vllm_tokens))
+            start = await asyncio.to_thread(read_caught_up, server, sidecar, time.time())
+            vllm_start = asyncio.create_task(asyncio.to_thread(vllm_tokens, server))
             meta["measured"] = True
             # the window runs from the engine time the start reading covers
             end_at = (start.learned_until or time.time()) + seconds
             await self._sleep_watching(end_at - time.time(), load)
-            end = await asyncio.to_thread(self.read_caught_up, end_at)
-            vllm_end = await asyncio.to_thread(self.vllm_tokens)
+            end = await asyncio.to_thread(read_caught_up, server, sidecar, end_at)
+            vllm_end = await asyncio.to_thread(vllm_tokens, server)
             vllm_begin = await vllm_start
             vllm = (vllm_end[0] - vllm_begin[0], vllm_end[1] - vllm_begin[1])
         finally:
@@ -473,7 +268,7 @@ class EngineBench:
             stats = await load
             if sampler is not None:
                 await sampler
-        await asyncio.to_thread(self._server.wait_idle)
+        await asyncio.to_thread(server.wait_idle)
         return start, end, vllm, stats
 
     async def _sleep_watching(self, seconds: float, load: asyncio.Task[Any]) -> None:

@@ -178,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     from specctl.bench.engine_bench import BenchOptions, EngineBench
     from specctl.bench.processes import ProcessError
     from specctl.bench.report import benchmark_json
-    from specctl.bench.workload import WorkloadError, load_workload
+    from specctl.bench.workload_file import load_workload
+    from specctl.bench.workload_values import WorkloadError
 
     try:
         workload = load_workload(args.workload)

@@ -83,6 +83,10 @@ Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)
 with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
 distribution, so a new class does not start by exploring wildly.
+
+This module is the decision rule and the order of learning: the evidence it
+decides from is kept and updated by :mod:`specctl.policy.thompson_evidence`,
+and saved and restored by :mod:`specctl.policy.thompson_state`.
 """
 
 from __future__ import annotations
@@ -107,26 +111,13 @@ from specctl.policy.params import (
     parse_config,
     real,
 )
-from specctl.policy.state import (
-    PolicyState,
-    StateReader,
-    StateValue,
-    assign_arrays,
-    copy_arrays,
-    state_header,
-)
+from specctl.policy.state import PolicyState, StateValue
 from specctl.policy.switch_off import SwitchOff
+from specctl.policy.thompson_evidence import ThompsonEvidence
+from specctl.policy.thompson_state import JointProfiles, load_evidence, policy_state, read_state
 from specctl.policy.truncated import nonnegative_draws
 from specctl.steps import StepBatch
 
-# memory of a load bucket's class mix, per step in the bucket (about 100 steps)
-_MIX_DISCOUNT = 0.99
-# classes with at least this share of a bucket's requests are decided together
-_MIN_MIX_SHARE = 0.02
-# ... if they share batches: other classes hold at least this share of the requests in the
-# steps the class runs in (classes that take turns in a bucket share none)
-_MIN_SHARED_SHARE = 0.05
-_MAX_JOINT_CLASSES = 16
 # a bucket's joint choice is worked out again after this many of its steps (or when its
 # classes change): it moves with the evidence, which a handful of steps barely moves
 _JOINT_REFRESH_STEPS = 16
@@ -240,7 +231,7 @@ class SpecctlPolicy(Policy):
         self.prior_arm = parse_arm(cfg.prior_arm) if cfg.prior_arm is not None else None
         self.load_bucket_bounds = tuple(cfg.load_bucket_bounds)
         self.num_buckets = len(self.load_bucket_bounds) + 1
-        self.acceptance = AcceptanceModel(
+        acceptance = AcceptanceModel(
             cfg.max_classes,
             cfg.max_drafters,
             discount=cfg.discount,
@@ -251,7 +242,7 @@ class SpecctlPolicy(Policy):
             change_z=cfg.change_z,
             change_min_shift=cfg.change_min_shift,
         )
-        self.cost = CostModel(
+        cost = CostModel(
             self.num_buckets,
             cfg.max_drafters,
             discount=cfg.cost_discount,
@@ -259,16 +250,9 @@ class SpecctlPolicy(Policy):
             prior_token_s=cfg.prior_token_s,
             prior_spread=cfg.prior_cost_spread,
         )
-        self.load = BucketLoad(self.load_bucket_bounds, cfg.discount)
-        # classes -> slots in the acceptance arrays; least recently updated is evicted
-        self._class_slot: dict[str, int] = {}
-        self._slot_class: list[str | None] = [None] * cfg.max_classes
-        # when each class slot was last updated, on a clock that counts updates
-        self._last_update = np.zeros(cfg.max_classes, dtype=np.int64)
-        self._clock = 0
-        self._drafter_slot: dict[str, int] = {}
-        self.classes_evicted = 0
-        self.rows_untracked = 0
+        load = BucketLoad(self.load_bucket_bounds, cfg.discount)
+        # the evidence: the models, the class and drafter slots, each bucket's class mix
+        self.learned = ThompsonEvidence(acceptance, cost, load, cfg.max_classes, cfg.max_drafters)
         # versions: a cached decision is valid while its inputs' versions are unchanged
         self._tick = 0
         self._class_version = np.zeros(cfg.max_classes, dtype=np.int64)
@@ -280,25 +264,17 @@ class SpecctlPolicy(Policy):
         self._observed: dict[tuple[str, int], tuple[int, ...]] = {}
         self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
-        # per load bucket: discounted request-rounds per class slot, and steps
-        self._mix = np.zeros((self.num_buckets, cfg.max_classes))
-        # per bucket and class: the requests of every class in the steps the class ran in
-        self._mix_present = np.zeros((self.num_buckets, cfg.max_classes))
-        self._mix_steps = np.zeros(self.num_buckets)
         # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, _Samples]]] = {}
         # learned: per bucket, (arms and classes, its steps then, best joint choice per draw)
-        self._profiles: dict[int, tuple[tuple[Any, ...], int, np.ndarray]] = {}
-        self._bucket_steps = np.zeros(self.num_buckets, dtype=np.int64)
+        self._profiles: JointProfiles = {}
         # posterior draws are computed in float32: twice as fast, and far more precise
         # than the Monte Carlo error of num_samples draws
         rng = np.random.default_rng(cfg.seed)
         self._z_acceptance = rng.standard_normal(
             (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
         )
-        self._z_cost = rng.standard_normal(
-            (cfg.num_samples, self.cost.num_features), dtype=np.float32
-        )
+        self._z_cost = rng.standard_normal((cfg.num_samples, cost.num_features), dtype=np.float32)
         self._z_arm_tokens = rng.standard_normal(
             (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
         )
@@ -320,22 +296,23 @@ class SpecctlPolicy(Policy):
     def set_arms(self, arms: Sequence[Arm]) -> None:
         offered = [OFF, *dict.fromkeys(a for a in arms if not a.is_off)]
         for arm in offered[1:]:
-            if self._slot_of_drafter(arm.drafter) < 0:
+            if self.learned.slot_of_drafter(arm.drafter) < 0:
                 raise ValueError(
                     f"specctl policy: drafter {arm.drafter!r} exceeds max_drafters="
-                    f"{self.config.max_drafters} (known: {sorted(self._drafter_slot)})"
+                    f"{self.config.max_drafters} (known: {sorted(self.learned.drafter_slot)})"
                 )
         # off first, then each drafter's arms by K: the cost envelope below relies on it
-        spec = sorted(offered[1:], key=lambda a: (self._drafter_slot[a.drafter], a.k))
+        drafter_slot = self.learned.drafter_slot
+        spec = sorted(offered[1:], key=lambda a: (drafter_slot[a.drafter], a.k))
         offered = [OFF, *spec]
         self._arms = tuple(offered)
-        slots = sorted({self._drafter_slot[a.drafter] for a in spec})
+        slots = sorted({drafter_slot[a.drafter] for a in spec})
         self._drafters = np.array(slots, dtype=np.int64)
         position = {s: i for i, s in enumerate(slots)}
         self._max_k = max((a.k for a in spec), default=0)
         self._arm_k = np.array([a.k for a in offered], dtype=np.int64)
         self._arm_drafter_slot = np.array(
-            [-1, *(self._drafter_slot[a.drafter] for a in spec)], dtype=np.int64
+            [-1, *(drafter_slot[a.drafter] for a in spec)], dtype=np.int64
         )
         km = self._max_k
         cfg_samples = self.config.num_samples
@@ -347,7 +324,7 @@ class SpecctlPolicy(Policy):
         self._cumulative_negated = np.kron(np.eye(len(slots), dtype=np.float32), block)
         self._arm_positions = np.zeros((width, len(spec)), dtype=np.float32)
         for i, arm in enumerate(spec):
-            start = position[self._drafter_slot[arm.drafter]] * km
+            start = position[drafter_slot[arm.drafter]] * km
             self._arm_positions[start : start + arm.k, i] = 1.0
         # per drafter, off's column then the drafter's columns by K
         self._k_chains = [
@@ -374,40 +351,10 @@ class SpecctlPolicy(Policy):
     def arms(self) -> tuple[Arm, ...]:
         return self._arms
 
-    def _slot_of_drafter(self, drafter: str) -> int:
-        slot = self._drafter_slot.get(drafter)
-        if slot is None:
-            if len(self._drafter_slot) >= self.config.max_drafters:
-                return -1
-            slot = self._drafter_slot[drafter] = len(self._drafter_slot)
-        return slot
-
-    def _slot_of_class(self, name: str) -> int:
-        slot = self._class_slot.get(name)
-        if slot is not None:
-            return slot
-        if len(self._class_slot) < len(self._slot_class):
-            slot = self._slot_class.index(None)
-        else:
-            slot = int(np.argmin(self._last_update))
-            evicted = self._slot_class[slot]
-            assert evicted is not None
-            self._forget(evicted)
-            self.classes_evicted += 1
-        self._class_slot[name] = slot
-        self._slot_class[slot] = name
-        self._last_update[slot] = self._next_stamp()
-        return slot
-
-    def _forget(self, name: str) -> None:
-        slot = self._class_slot.pop(name)
-        self._slot_class[slot] = None
-        self.acceptance.reset(slot)
+    def _forget_decisions(self, name: str, slot: int) -> None:
+        """Drop what was worked out for a class the evidence has forgotten."""
         self._tokens.pop(slot, None)
-        self._mix[:, slot] = 0.0
-        self._mix_present[:, slot] = 0.0
         self._class_version[slot] = self._next_tick()
-        self._last_update[slot] = 0
         for b in range(self.num_buckets):
             self._decisions.pop((name, b), None)
             self._observed.pop((name, b), None)
@@ -416,10 +363,6 @@ class SpecctlPolicy(Policy):
     def _next_tick(self) -> int:
         self._tick += 1
         return self._tick
-
-    def _next_stamp(self) -> int:
-        self._clock += 1
-        return self._clock
 
     def _prior_arm_index(self) -> int | None:
         prior = self.prior_arm
@@ -437,69 +380,13 @@ class SpecctlPolicy(Policy):
     # -- learning -------------------------------------------------------------
 
     def update_params(self, batch: StepBatch) -> None:
-        s = batch.num_steps
-        nd = self.config.max_drafters
-        requests: np.ndarray = np.zeros((s, nd))
-        draft_tokens: np.ndarray = np.zeros((s, nd))
-        step_k: np.ndarray = np.zeros((s, nd))
-        decode_tokens: np.ndarray = np.zeros(s)
         tick = self._next_tick()
-        stamp = self._next_stamp()
-        if batch.num_rows:
-            class_slots = np.array([self._slot_of_class(c) for c in batch.classes], dtype=np.int64)
-            # the report's drafters, and each arm's index among them (off: its own entry)
-            local: dict[str, int] = {"": 0}
-            arm_drafter = np.array(
-                [local.setdefault(a.drafter, len(local)) for a in batch.arms], dtype=np.int64
-            )
-            drafter_slots = np.array(
-                [-1] + [self._slot_of_drafter(d) for d in list(local)[1:]], dtype=np.int64
-            )
-            drafter_index = arm_drafter[batch.arm_index]
-            self.acceptance.update(
-                class_slots,
-                drafter_slots,
-                batch.class_index,
-                drafter_index,
-                batch.arm_k,
-                batch.accepted,
-                batch.request_step,
-            )
-            self._class_version[class_slots] = tick
-            self._last_update[class_slots] = stamp
-            decode_tokens = np.bincount(
-                batch.request_step, weights=batch.drafted + 1.0, minlength=s
-            )
-            # per (step, drafter slot): requests drafting, and the K they asked of it
-            row_slot = drafter_slots[drafter_index]
-            spec = row_slot >= 0
-            key = batch.request_step[spec] * nd + row_slot[spec]
-            requests = np.bincount(key, minlength=s * nd).reshape(s, nd)
-            draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
-                s, nd
-            )
-            # the largest K each drafter ran in each step: it proposed that many for all
-            flat_k = np.zeros(s * nd)
-            np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
-            step_k = flat_k.reshape(s, nd)
-            self._update_mix(class_slots[batch.class_index], batch)
-            untracked = (row_slot < 0) & (batch.arm_k > 0)
-            if untracked.any():
-                self.rows_untracked += int(untracked.sum())
-        bucket = self.load.update(batch, decode_tokens)
-        features = self.cost.step_features(
-            batch.num_scheduled_tokens,
-            requests,
-            draft_tokens,
-            step_k,
-            batch.batch_size.astype(np.float64),
-        )
-        self.cost.update(bucket, features, batch.step_time_s)
-        touched = np.unique(bucket).tolist()
-        for b in touched:
-            self.cost.refresh(b, self._typical_features(b))
-        self._bucket_version[bucket] = tick
-        for b in touched:
+        update = self.learned.update(batch)
+        for name, slot in update.evicted:
+            self._forget_decisions(name, slot)
+        self._class_version[update.class_slots] = tick
+        self._bucket_version[update.buckets] = tick
+        for b in np.unique(update.buckets).tolist():
             self._refresh_joint(b)
         self._observe_switch_off()
 
@@ -509,49 +396,25 @@ class SpecctlPolicy(Policy):
         if len(self._arms) == 1:
             return
         for b in range(self.num_buckets):
-            members = self._mix_members(b)
-            for name, slot in self._class_slot.items():
+            members = self.learned.mix_members(b)
+            for name, slot in self.learned.class_slot.items():
                 versions = self._versions(slot, b, members)
                 if self._observed.get((name, b)) != versions:
                     self._observed[(name, b)] = versions
                     p_off_best = float(self._samples(slot, b).prob_best()[0])
                     self.switch_off.observe((name, b), p_off_best)
 
-    def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
-        """Learn each load bucket's class mix: mean request-rounds per step per class, and
-        per class the requests of the steps it ran in, which tells classes that share
-        batches from classes that take turns in the bucket."""
-        nb, nc = self.num_buckets, self.config.max_classes
-        bucket = np.minimum(batch.load_bucket, nb - 1)
-        steps = np.bincount(bucket, minlength=nb).astype(np.float64)
-        rows = np.bincount(bucket[batch.request_step] * nc + row_slots, minlength=nb * nc)
-        step_rows = np.bincount(batch.request_step, minlength=batch.num_steps)
-        pairs = np.unique(batch.request_step * nc + row_slots)
-        pair_step, pair_slot = np.divmod(pairs, nc)
-        present = np.bincount(
-            bucket[pair_step] * nc + pair_slot,
-            weights=step_rows[pair_step].astype(np.float64),
-            minlength=nb * nc,
-        )
-        decay = _MIX_DISCOUNT**steps
-        self._mix *= decay[:, None]
-        self._mix += rows.reshape(nb, nc)
-        self._mix_present *= decay[:, None]
-        self._mix_present += present.reshape(nb, nc)
-        self._mix_steps = self._mix_steps * decay + steps
-        self._bucket_steps += steps.astype(np.int64)
-
     def reset_class(self, workload_class: str) -> None:
-        if workload_class in self._class_slot:
-            self._forget(workload_class)
+        if workload_class in self.learned.class_slot:
+            self._forget_decisions(workload_class, self.learned.forget(workload_class))
 
     # -- deciding -------------------------------------------------------------
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
         self._check_bucket(load_bucket)
-        slot = self._class_slot.get(workload_class)
+        slot = self.learned.class_slot.get(workload_class)
         key = (workload_class if slot is not None else None, load_bucket)
-        versions = self._versions(slot, load_bucket, self._mix_members(load_bucket))
+        versions = self._versions(slot, load_bucket, self.learned.mix_members(load_bucket))
         versions += (int((workload_class, load_bucket) in self.switch_off.contexts),)
         cached = self._decisions.get(key)
         if cached is not None and cached[0] == versions:
@@ -606,7 +469,7 @@ class SpecctlPolicy(Policy):
         mode = int(np.argmax(probs))
         explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
         prior = self._prior_index
-        rounds = float(self.acceptance.rounds[slot]) if slot is not None else 0.0
+        rounds = float(self.learned.acceptance.rounds[slot]) if slot is not None else 0.0
         if prior is not None and rounds < cfg.cold_start_rounds:
             weight = 1.0 - rounds / cfg.cold_start_rounds
             probs = probs * (1.0 - weight)
@@ -651,12 +514,14 @@ class SpecctlPolicy(Policy):
         cached = self._step_times.get(bucket)
         if cached is not None and cached[0] == version:
             return cached[1], cached[2], cached[3]
-        batch_size = self.load.batch_size(bucket)
-        extra = self.load.extra_tokens(bucket)
+        batch_size = self.learned.load.batch_size(bucket)
+        extra = self.learned.load.extra_tokens(bucket)
         # a step in which the whole batch ran each offered arm (see cost.arm_features)
         features = self._feature_one + batch_size * self._feature_batch
         features += extra * self._feature_extra
-        theta_mean, factor = self.cost.posterior(bucket, self._typical_features(bucket))
+        theta_mean, factor = self.learned.cost.posterior(
+            bucket, self.learned.typical_features(bucket)
+        )
         theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
         step_time = theta @ features.T.astype(np.float32)
@@ -692,26 +557,6 @@ class SpecctlPolicy(Policy):
         self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
         return batch_size, step_time, batch_wide
 
-    def _mix_members(self, bucket: int) -> np.ndarray:
-        """Class slots that share the bucket's batches (the largest shares), by slot.
-
-        A class that runs alone in its steps (classes arriving in bursts, one batch after
-        another) is decided alone: in a joint choice the other classes' requests would
-        pay its drafts' batch-wide cost in steps they are never in. Where a class's steps
-        are not known (a state saved before they were counted) it counts as sharing.
-        """
-        mix = self._mix[bucket]
-        total = float(mix.sum())
-        if total <= 0.0:
-            return np.zeros(0, dtype=np.int64)
-        present = self._mix_present[bucket]
-        others = np.where(present > 0.0, 1.0 - mix / np.maximum(present, 1e-12), 1.0)
-        members = np.flatnonzero((mix >= _MIN_MIX_SHARE * total) & (others >= _MIN_SHARED_SHARE))
-        if members.shape[0] < 2:
-            return np.zeros(0, dtype=np.int64)
-        order = np.argsort(-mix[members], kind="stable")
-        return np.sort(members[order][:_MAX_JOINT_CLASSES])
-
     def _joint_samples(self, bucket: int) -> dict[int, _Samples]:
         """Per class slot sharing the bucket's batches, the engine's goodput draws for each
         of its arms while the other classes run their part of the best joint choice.
@@ -726,7 +571,7 @@ class SpecctlPolicy(Policy):
         kept, and each class's goodput draws are those of its arms while the others run
         their part of it: Thompson sampling over joint choices, read per class.
         """
-        members = self._mix_members(bucket)
+        members = self.learned.mix_members(bucket)
         if members.shape[0] < 2 or len(self._arms) < 2:
             return {}
         profile = self._profiles.get(bucket)
@@ -760,12 +605,12 @@ class SpecctlPolicy(Policy):
         its classes changed or ``_JOINT_REFRESH_STEPS`` of its steps have passed: the
         choice moves with the evidence, which a handful of steps barely moves, and the
         search costs a few milliseconds."""
-        members = self._mix_members(bucket)
+        members = self.learned.mix_members(bucket)
         if members.shape[0] < 2 or len(self._arms) < 2:
             self._profiles.pop(bucket, None)
             return
         key = (self._arm_names, tuple(int(m) for m in members))
-        steps = int(self._bucket_steps[bucket])
+        steps = int(self.learned.bucket_steps[bucket])
         profile = self._profiles.get(bucket)
         if profile is not None and profile[0] == key and steps - profile[1] < _JOINT_REFRESH_STEPS:
             return
@@ -777,7 +622,7 @@ class SpecctlPolicy(Policy):
         off = step_time[:, 0].astype(np.float64)
         per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
         per_request /= batch_size
-        share = self._mix[bucket, members]
+        share = self.learned.mix[bucket, members]
         count = batch_size * share / share.sum()
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
         game = JointChoice(
@@ -792,25 +637,13 @@ class SpecctlPolicy(Policy):
         )
         return game, tokens
 
-    def _typical_features(self, bucket: int) -> np.ndarray:
-        """A step of the bucket running K=2 for the whole batch: the cost prior's scales."""
-        batch_size = self.load.batch_size(bucket)
-        typical = np.empty(self.cost.num_features)
-        typical[0] = 1.0
-        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
-        typical[2::FEATURES_PER_DRAFTER] = batch_size
-        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        typical[5::FEATURES_PER_DRAFTER] = batch_size
-        return typical
-
     def _token_samples(self, slot: int | None) -> np.ndarray:
         """Draws of committed tokens per round, (num_samples, arms); cached per class."""
         version = (int(self._class_version[slot]) if slot is not None else -1, self._arms_version)
         cached = self._tokens.get(slot)
         if cached is not None and cached[0] == version:
             return cached[1]
-        alpha, beta = self.acceptance.posterior(slot, self._drafters, self._max_k)
+        alpha, beta = self.learned.acceptance.posterior(slot, self._drafters, self._max_k)
         n = (alpha + beta).ravel()
         mean = alpha.ravel() / n
         sd = 1.0 / np.sqrt((n + 1.0) * mean * (1.0 - mean))
@@ -850,10 +683,10 @@ class SpecctlPolicy(Policy):
         w0 = self.config.model_rounds
         if slot is None or len(self._arms) < 2:
             return
-        n, mean, var = self.acceptance.arm_posterior(slot, self._drafters, self._max_k)
+        n, mean, var = self.learned.acceptance.arm_posterior(slot, self._drafters, self._max_k)
         drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
         spec = self._arms[1:]
-        rows = np.array([drafter_index[self._drafter_slot[a.drafter]] for a in spec])
+        rows = np.array([drafter_index[self.learned.drafter_slot[a.drafter]] for a in spec])
         ks = np.array([a.k - 1 for a in spec])
         n_arm = n[rows, ks]
         if not (n_arm > 0).any():
@@ -869,8 +702,9 @@ class SpecctlPolicy(Policy):
 
     def evidence(self, workload_class: str, load_bucket: int) -> Evidence:
         decision = self.select_action(workload_class, load_bucket)
-        slot = self._class_slot.get(workload_class)
-        rounds = float(self.acceptance.rounds[slot]) if slot is not None else 0.0
+        slot = self.learned.class_slot.get(workload_class)
+        acceptance_model = self.learned.acceptance
+        rounds = float(acceptance_model.rounds[slot]) if slot is not None else 0.0
         if len(self._arms) == 1:
             return Evidence(
                 workload_class, load_bucket, rounds=rounds, explanation=decision.explanation
@@ -891,9 +725,9 @@ class SpecctlPolicy(Policy):
             for i, arm in enumerate(self._arms)
         )
         acceptance: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
-        alpha, beta = self.acceptance.posterior(slot, self._drafters, self._max_k)
-        prior_n = self.acceptance.prior_success + self.acceptance.prior_failure
-        for drafter, d in self._drafter_slot.items():
+        alpha, beta = acceptance_model.posterior(slot, self._drafters, self._max_k)
+        prior_n = acceptance_model.prior_success + acceptance_model.prior_failure
+        for drafter, d in self.learned.drafter_slot.items():
             where = np.flatnonzero(self._drafters == d)
             if where.size == 0:
                 continue
@@ -915,145 +749,44 @@ class SpecctlPolicy(Policy):
 
     # -- persistence ----------------------------------------------------------
 
-    def _state_arrays(self) -> dict[str, np.ndarray]:
-        """The learned arrays by state key: the live arrays, not copies."""
-        return {
-            **self.acceptance.state_arrays(),
-            **self.cost.state_arrays(),
-            **self.load.state_arrays(),
-            "class_last_update": self._last_update,
-            "class_mix": self._mix,
-            "class_mix_present": self._mix_present,
-            "class_mix_steps": self._mix_steps,
-            "bucket_steps": self._bucket_steps,
-        }
-
     def state_dict(self) -> PolicyState:
         """Everything learned, as plain arrays (no pickling); the config is not included."""
-        return {
-            **state_header(self.policy_name, self.state_version),
-            **copy_arrays(self._state_arrays()),
-            "classes": np.array([c or "" for c in self._slot_class], dtype=np.str_),
-            "drafters": np.array(list(self._drafter_slot), dtype=np.str_),
-            **self._profiles_state(),
-            **self.switch_off.state_dict(),
-            "classes_evicted": float(self.classes_evicted),
-            "rows_untracked": self.rows_untracked,
-            "class_update_clock": self._clock,
-        }
-
-    def _profiles_state(self) -> dict[str, np.ndarray]:
-        """The joint choices as arrays: per bucket that has one, its arms, classes (slots,
-        -1 padded), steps and choice per draw (draws x classes, -1 padded)."""
-        width, n = _MAX_JOINT_CLASSES, self.config.num_samples
-        buckets = sorted(self._profiles)
-        choice = np.full((len(buckets), n, width), -1, dtype=np.int16)
-        for i, b in enumerate(buckets):
-            chosen = self._profiles[b][2]
-            choice[i, :, : chosen.shape[1]] = chosen
-        return {
-            "joint_buckets": np.array(buckets, dtype=np.int64),
-            "joint_arms": np.array(
-                ["|".join(self._profiles[b][0][0]) for b in buckets], dtype=np.str_
-            ),
-            "joint_members": np.array(
-                [_pad(self._profiles[b][0][1], width) for b in buckets], dtype=np.int64
-            ).reshape(len(buckets), width),
-            "joint_steps": np.array([self._profiles[b][1] for b in buckets], dtype=np.int64),
-            "joint_choice": choice,
-        }
-
-    def _profiles_from_state(
-        self, reader: StateReader
-    ) -> dict[int, tuple[tuple[Any, ...], int, np.ndarray]]:
-        """Joint choices from :meth:`_profiles_state`; none from an unversioned state without
-        them or one saved with another number of draws (worked out at the next update)."""
-        if reader.unversioned and not reader.has("joint_choice"):
-            return {}
-        width = _MAX_JOINT_CLASSES
-        buckets = reader.array("joint_buckets", (None,), "i").tolist()
-        m = len(buckets)
-        choice = reader.array("joint_choice", (m, None, width), "i")
-        arms = reader.strings("joint_arms", m)
-        members = reader.array("joint_members", (m, width), "i")
-        steps = reader.array("joint_steps", (m,), "i").tolist()
-        if choice.shape[1] != self.config.num_samples:
-            return {}
-        out: dict[int, tuple[tuple[Any, ...], int, np.ndarray]] = {}
-        for i, b in enumerate(buckets):
-            slots = tuple(int(m) for m in members[i] if m >= 0)
-            names = tuple(arms[i].split("|"))
-            chosen = choice[i, :, : len(slots)]
-            if not 0 <= b < self.num_buckets or b in out:
-                raise ValueError(f"specctl state: 'joint_buckets' has {b} twice or out of range")
-            if (
-                any(s >= self.config.max_classes for s in slots)
-                or chosen.min(initial=0) < 0
-                or chosen.max(initial=0) >= len(names)
-            ):
-                raise ValueError(f"specctl state: the joint choice of bucket {b} is malformed")
-            out[b] = ((names, slots), steps[i], chosen.astype(np.int64))
-        return out
+        return policy_state(
+            self.policy_name,
+            self.state_version,
+            self.learned,
+            self.switch_off,
+            self._profiles,
+            self.config.num_samples,
+        )
 
     def load_state_dict(self, state: Mapping[str, StateValue]) -> None:
         """Restore :meth:`state_dict` output saved under the same config (or an unversioned
         one, saved before states had versions, whose missing keys keep their prior)."""
-        reader = StateReader(state, self.policy_name, self.state_version, allow_unversioned=True)
-        cfg = self.config
-        classes = reader.strings("classes")
-        if len(classes) != cfg.max_classes:
-            raise ValueError(
-                f"state has {len(classes)} class slots; this policy has max_classes="
-                f"{cfg.max_classes}"
-            )
-        drafters = reader.strings("drafters")
-        if len(drafters) > cfg.max_drafters:
-            raise ValueError(f"state has {len(drafters)} drafters; max_drafters={cfg.max_drafters}")
-        targets = self._state_arrays()
-        # what an unversioned state may lack: the prior
-        prior = {
-            key: np.zeros_like(targets[key])
-            for key in (
-                *("acceptance_recent", "acceptance_arm_stats", "acceptance_changes"),
-                *("class_mix", "class_mix_present", "class_mix_steps", "bucket_steps"),
-                *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
-                "cost_outliers",
-            )
-        }
-        prior["cost_fit"] = np.broadcast_to(self.cost.prior_mean, self.cost.fit.shape)
-        values = reader.arrays_like(targets, prior)
-        switched_off = self.switch_off.read_state(reader, self.num_buckets)
-        evicted = int(reader.number("classes_evicted"))
-        untracked = int(reader.number("rows_untracked", 0.0))
-        last_update = values["class_last_update"]
-        clock = int(reader.number("class_update_clock", float(last_update.max(initial=0))))
-        profiles = self._profiles_from_state(reader)
+        saved = read_state(
+            state,
+            self.policy_name,
+            self.state_version,
+            self.learned,
+            self.switch_off,
+            self.config.num_samples,
+        )
         # everything checked: from here on nothing can fail half-way
-        assign_arrays(targets, values)
-        self._slot_class = [c or None for c in classes]
-        self._class_slot = {c: i for i, c in enumerate(self._slot_class) if c is not None}
-        self._drafter_slot = {d: i for i, d in enumerate(drafters)}
-        self.classes_evicted = evicted
-        self.rows_untracked = untracked
-        self._clock = clock
-        self.switch_off.contexts = switched_off
+        load_evidence(self.learned, saved)
+        self.switch_off.contexts = saved.switched_off
         self._decisions.clear()
         self._observed.clear()
         self._step_times.clear()
         self._tokens.clear()
         self._joint.clear()
-        self._profiles = profiles
+        self._profiles = saved.profiles
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick
         # the offered arms' drafters keep their restored slots; new ones get free slots
         self._arms = tuple(
-            a for a in self._arms if a.is_off or self._slot_of_drafter(a.drafter) >= 0
+            a for a in self._arms if a.is_off or self.learned.slot_of_drafter(a.drafter) >= 0
         )
         self.set_arms(self._arms)
-
-
-def _pad(values: Sequence[int], width: int) -> list[int]:
-    return [*values, *([-1] * (width - len(values)))]
 
 
 def _percent(p: float) -> str:

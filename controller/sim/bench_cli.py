@@ -58,12 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specctl.sim.bench import (
-        benchmark_json,
-        check_policy_name,
-        default_policies,
-        run_scenario,
-    )
+    from specctl.sim.bench import benchmark_json, run_scenario
+    from specctl.sim.bench_policies import check_policy_name, default_policies
     from specctl.sim.scenario import build_scenarios
 
     if args.steps < 100:

@@ -89,7 +89,8 @@ class SimWorld(Protocol):
 
 def make_world(scenario: Scenario, rng: np.random.Generator) -> SimWorld:
     """The world a scenario runs in: a trace's replay, or draws from its table."""
-    from specctl.sim.trace_world import TraceScenario, TraceWorld
+    from specctl.sim.trace_scenario import TraceScenario
+    from specctl.sim.trace_world import TraceWorld
 
     if isinstance(scenario, TraceScenario):
         return TraceWorld(scenario, rng)

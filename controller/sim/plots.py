@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from specctl.sim.bench import ScenarioResult, policy_variant
+from specctl.sim.bench import ScenarioResult
+from specctl.sim.bench_policies import policy_variant
 
 # bar colour by variant: ours, peers as shipped, peers tuned in hindsight, references
 _COLOURS = {"learning": "C0", "as-shipped": "C1", "tuned-in-hindsight": "C7", "reference": "C2"}

@@ -265,10 +265,10 @@ def build_scenarios(
 
     A user table runs as scenario ``table``: ``target`` (or each target in the
     table) with its datasets as classes, equal mix. Scenario ``trace`` replays
-    each recorded trace in ``trace`` (:mod:`specctl.sim.trace_world`).
+    each recorded trace in ``trace`` (:mod:`specctl.sim.trace_scenario`).
     """
     if name == "trace":
-        from specctl.sim.trace_world import trace_scenarios
+        from specctl.sim.trace_scenario import trace_scenarios
 
         return list(trace_scenarios(trace, steps))
     rows = read_rows(table)

@@ -15,15 +15,11 @@ from typing import Any
 import pytest
 
 from specctl.bench.analysis import summarize
-from specctl.bench.engine_bench import expand_policies, rotated, schedule
 from specctl.bench.report import format_report
-from specctl.bench.workload import (
-    WorkloadError,
-    load_workload,
-    packaged_workloads,
-    parse_workload,
-    split_by_share,
-)
+from specctl.bench.schedule import expand_policies, rotated, schedule
+from specctl.bench.workload import split_by_share
+from specctl.bench.workload_file import load_workload, packaged_workloads, parse_workload
+from specctl.bench.workload_values import WorkloadError
 
 MINIMAL = """
 [[class]]

@@ -332,7 +332,7 @@ def test_step_change_in_acceptance_is_followed_within_the_documented_bound() -> 
             followed = step + 1
             break
     assert followed is not None, policy.evidence("chat", 1)
-    assert policy.acceptance.changes[policy._class_slot["chat"]] >= 1
+    assert policy.learned.acceptance.changes[policy.learned.class_slot["chat"]] >= 1
 
 
 def test_decisions_are_cached_until_their_inputs_change() -> None:
@@ -380,7 +380,7 @@ def test_reset_class_forgets_and_the_class_cap_evicts_least_recent() -> None:
 
     env.run_step(policy, "a", 0, 16)
     env.run_step(policy, "c", 0, 16)  # third class: "b" was updated least recently
-    assert policy.classes_evicted == 1
+    assert policy.learned.classes_evicted == 1
     assert policy.evidence("b", 0).rounds == 0.0
     assert policy.evidence("a", 0).rounds > 0.0
     assert policy.evidence("c", 0).rounds > 0.0
@@ -425,7 +425,7 @@ def test_a_restored_policy_weighs_the_next_slow_step_as_the_saved_one_does() -> 
     preempted = dataclasses.replace(last, step_time_s=last.step_time_s * 5.0)
     for p in (policy, restored):
         p.update_params(preempted)
-    assert policy.cost.outliers[0] >= 1.0
+    assert policy.learned.cost.outliers[0] >= 1.0
     after = restored.state_dict()
     for key, value in policy.state_dict().items():
         np.testing.assert_array_equal(after[key], value, err_msg=key)
@@ -449,7 +449,7 @@ def test_a_state_saved_before_states_had_versions_still_loads() -> None:
     for name, bucket in itertools.product(("chat", "code"), range(4)):
         a, b = policy.select_action(name, bucket), restored.select_action(name, bucket)
         np.testing.assert_array_equal(a.probabilities, b.probabilities)
-    assert not restored.cost.fitted.any()
+    assert not restored.learned.cost.fitted.any()
     with pytest.raises(ValueError, match="'acceptance_changes' is missing"):
         restored.load_state_dict({**old, "state_version": 1})
 
@@ -486,7 +486,7 @@ def test_drafters_beyond_capacity_are_refused_or_counted() -> None:
     other.set_arms(arms_for(both.items()))
     batch, _, _ = env.run_step(other, "chat", 0, 8)
     policy.update_params(batch)
-    assert policy.rows_untracked == 8
+    assert policy.learned.rows_untracked == 8
     assert policy.evidence("chat", 0).rounds == 8.0
 
 

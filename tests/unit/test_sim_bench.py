@@ -13,17 +13,14 @@ from specctl.cli import main
 from specctl.policy.registry import POLICIES
 from specctl.policy.sglang_ema import SglangEmaConfig
 from specctl.policy.vllm_table import BatchTableConfig, parse_table
-from specctl.sim.bench import (
+from specctl.sim.bench_params import (
     SGLANG_CANDIDATE_STEPS,
     SGLANG_EMA_DEFAULTS,
-    TUNABLE,
-    VARIANTS,
     VLLM_DEFAULT_TABLE,
-    default_policies,
     engine_arm,
-    policy_variant,
     shipped_params,
 )
+from specctl.sim.bench_policies import TUNABLE, VARIANTS, default_policies, policy_variant
 from specctl.sim.scenario import build_scenarios
 
 STEPS = 400

@@ -13,12 +13,9 @@ from trace_support import ALPHA_PER_REQUEST_S, ALPHA_S, BETA_S, SyntheticTrace, 
 from specctl.cli import main
 from specctl.sim.engine import World, make_world
 from specctl.sim.scenario import LoadChange, Scenario, build_scenarios
-from specctl.sim.trace_world import (
-    TraceScenario,
-    TraceWorld,
-    fit_step_time,
-    trace_scenario,
-)
+from specctl.sim.trace_scenario import TraceScenario, trace_scenario
+from specctl.sim.trace_step_time import fit_step_time
+from specctl.sim.trace_world import TraceWorld
 from specctl.trace.format import read_trace
 
 STEPS = 1500

@@ -1,0 +1,252 @@
+"""The evidence specctl's policy keeps and updates, per workload class and load bucket.
+
+The policy (:mod:`specctl.policy.thompson`) decides from posterior draws; what
+those draws rest on is kept here, apart from how they are drawn: the
+acceptance model per class and drafter (:mod:`specctl.policy.acceptance`), the
+cost model and the typical load per bucket (:mod:`specctl.policy.cost`,
+:mod:`specctl.policy.load`), the slots classes and drafters hold in those
+models' arrays, and each bucket's class mix, which tells the classes that
+share its batches (decided together) from those that take turns in it.
+Learning from a report (:meth:`ThompsonEvidence.update`) changes only this;
+:mod:`specctl.policy.thompson_state` saves and restores it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specctl.policy.acceptance import AcceptanceModel
+from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel
+from specctl.policy.load import BucketLoad
+from specctl.steps import StepBatch
+
+# memory of a load bucket's class mix, per step in the bucket (about 100 steps)
+_MIX_DISCOUNT = 0.99
+# classes with at least this share of a bucket's requests are decided together
+_MIN_MIX_SHARE = 0.02
+# ... if they share batches: other classes hold at least this share of the requests in the
+# steps the class runs in (classes that take turns in a bucket share none)
+_MIN_SHARED_SHARE = 0.05
+MAX_JOINT_CLASSES = 16
+
+
+@dataclass(frozen=True)
+class EvidenceUpdate:
+    """What one report changed in the evidence."""
+
+    # the slot of each of the report's classes (empty for a report without rows)
+    class_slots: np.ndarray
+    # each step's load bucket
+    buckets: np.ndarray
+    # classes evicted for the report's new ones, with the slots they held
+    evicted: tuple[tuple[str, int], ...]
+
+
+class ThompsonEvidence:
+    """Acceptance per class, cost and load per bucket, class and drafter slots, class mix."""
+
+    def __init__(
+        self,
+        acceptance: AcceptanceModel,
+        cost: CostModel,
+        load: BucketLoad,
+        max_classes: int,
+        max_drafters: int,
+    ) -> None:
+        self.acceptance = acceptance
+        self.cost = cost
+        self.load = load
+        self.num_buckets = load.num_buckets
+        self.max_classes = max_classes
+        self.max_drafters = max_drafters
+        # classes -> slots in the acceptance arrays; least recently updated is evicted
+        self.class_slot: dict[str, int] = {}
+        self.slot_class: list[str | None] = [None] * max_classes
+        # when each class slot was last updated, on a clock that counts updates
+        self.last_update = np.zeros(max_classes, dtype=np.int64)
+        self.clock = 0
+        self.drafter_slot: dict[str, int] = {}
+        self.classes_evicted = 0
+        self.rows_untracked = 0
+        # per load bucket: discounted request-rounds per class slot, and steps
+        self.mix = np.zeros((self.num_buckets, max_classes))
+        # per bucket and class: the requests of every class in the steps the class ran in
+        self.mix_present = np.zeros((self.num_buckets, max_classes))
+        self.mix_steps = np.zeros(self.num_buckets)
+        self.bucket_steps = np.zeros(self.num_buckets, dtype=np.int64)
+
+    # -- slots ----------------------------------------------------------------
+
+    def slot_of_drafter(self, drafter: str) -> int:
+        """The drafter's slot, a free one for a new drafter; -1 when none is left."""
+        slot = self.drafter_slot.get(drafter)
+        if slot is None:
+            if len(self.drafter_slot) >= self.max_drafters:
+                return -1
+            slot = self.drafter_slot[drafter] = len(self.drafter_slot)
+        return slot
+
+    def slot_of_class(self, name: str) -> tuple[int, str | None]:
+        """The class's slot, and the class evicted to free it for a new class (or None)."""
+        slot = self.class_slot.get(name)
+        if slot is not None:
+            return slot, None
+        evicted = None
+        if len(self.class_slot) < len(self.slot_class):
+            slot = self.slot_class.index(None)
+        else:
+            slot = int(np.argmin(self.last_update))
+            evicted = self.slot_class[slot]
+            assert evicted is not None
+            self.forget(evicted)
+            self.classes_evicted += 1
+        self.class_slot[name] = slot
+        self.slot_class[slot] = name
+        self.last_update[slot] = self._next_stamp()
+        return slot, evicted
+
+    def forget(self, name: str) -> int:
+        """Drop what was learned for a class; returns the slot it held."""
+        slot = self.class_slot.pop(name)
+        self.slot_class[slot] = None
+        self.acceptance.reset(slot)
+        self.mix[:, slot] = 0.0
+        self.mix_present[:, slot] = 0.0
+        self.last_update[slot] = 0
+        return slot
+
+    def _next_stamp(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    # -- learning -------------------------------------------------------------
+
+    def update(self, batch: StepBatch) -> EvidenceUpdate:
+        """Learn acceptance, class mix, load and step cost from one validated report."""
+        s = batch.num_steps
+        nd = self.max_drafters
+        requests: np.ndarray = np.zeros((s, nd))
+        draft_tokens: np.ndarray = np.zeros((s, nd))
+        step_k: np.ndarray = np.zeros((s, nd))
+        decode_tokens: np.ndarray = np.zeros(s)
+        class_slots = np.zeros(0, dtype=np.int64)
+        evicted: list[tuple[str, int]] = []
+        stamp = self._next_stamp()
+        if batch.num_rows:
+            slots = []
+            for c in batch.classes:
+                slot, gone = self.slot_of_class(c)
+                if gone is not None:
+                    evicted.append((gone, slot))
+                slots.append(slot)
+            class_slots = np.array(slots, dtype=np.int64)
+            # the report's drafters, and each arm's index among them (off: its own entry)
+            local: dict[str, int] = {"": 0}
+            arm_drafter = np.array(
+                [local.setdefault(a.drafter, len(local)) for a in batch.arms], dtype=np.int64
+            )
+            drafter_slots = np.array(
+                [-1] + [self.slot_of_drafter(d) for d in list(local)[1:]], dtype=np.int64
+            )
+            drafter_index = arm_drafter[batch.arm_index]
+            self.acceptance.update(
+                class_slots,
+                drafter_slots,
+                batch.class_index,
+                drafter_index,
+                batch.arm_k,
+                batch.accepted,
+                batch.request_step,
+            )
+            self.last_update[class_slots] = stamp
+            decode_tokens = np.bincount(
+                batch.request_step, weights=batch.drafted + 1.0, minlength=s
+            )
+            # per (step, drafter slot): requests drafting, and the K they asked of it
+            row_slot = drafter_slots[drafter_index]
+            spec = row_slot >= 0
+            key = batch.request_step[spec] * nd + row_slot[spec]
+            requests = np.bincount(key, minlength=s * nd).reshape(s, nd)
+            draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
+                s, nd
+            )
+            # the largest K each drafter ran in each step: it proposed that many for all
+            flat_k = np.zeros(s * nd)
+            np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
+            step_k = flat_k.reshape(s, nd)
+            self._update_mix(class_slots[batch.class_index], batch)
+            untracked = (row_slot < 0) & (batch.arm_k > 0)
+            if untracked.any():
+                self.rows_untracked += int(untracked.sum())
+        bucket = self.load.update(batch, decode_tokens)
+        features = self.cost.step_features(
+            batch.num_scheduled_tokens,
+            requests,
+            draft_tokens,
+            step_k,
+            batch.batch_size.astype(np.float64),
+        )
+        self.cost.update(bucket, features, batch.step_time_s)
+        for b in np.unique(bucket).tolist():
+            self.cost.refresh(b, self.typical_features(b))
+        return EvidenceUpdate(class_slots, bucket, tuple(evicted))
+
+    def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
+        """Learn each load bucket's class mix: mean request-rounds per step per class, and
+        per class the requests of the steps it ran in, which tells classes that share
+        batches from classes that take turns in the bucket."""
+        nb, nc = self.num_buckets, self.max_classes
+        bucket = np.minimum(batch.load_bucket, nb - 1)
+        steps = np.bincount(bucket, minlength=nb).astype(np.float64)
+        rows = np.bincount(bucket[batch.request_step] * nc + row_slots, minlength=nb * nc)
+        step_rows = np.bincount(batch.request_step, minlength=batch.num_steps)
+        pairs = np.unique(batch.request_step * nc + row_slots)
+        pair_step, pair_slot = np.divmod(pairs, nc)
+        present = np.bincount(
+            bucket[pair_step] * nc + pair_slot,
+            weights=step_rows[pair_step].astype(np.float64),
+            minlength=nb * nc,
+        )
+        decay = _MIX_DISCOUNT**steps
+        self.mix *= decay[:, None]
+        self.mix += rows.reshape(nb, nc)
+        self.mix_present *= decay[:, None]
+        self.mix_present += present.reshape(nb, nc)
+        self.mix_steps = self.mix_steps * decay + steps
+        self.bucket_steps += steps.astype(np.int64)
+
+    # -- reading --------------------------------------------------------------
+
+    def mix_members(self, bucket: int) -> np.ndarray:
+        """Class slots that share the bucket's batches (the largest shares), by slot.
+
+        A class that runs alone in its steps (classes arriving in bursts, one batch after
+        another) is decided alone: in a joint choice the other classes' requests would
+        pay its drafts' batch-wide cost in steps they are never in. Where a class's steps
+        are not known (a state saved before they were counted) it counts as sharing.
+        """
+        mix = self.mix[bucket]
+        total = float(mix.sum())
+        if total <= 0.0:
+            return np.zeros(0, dtype=np.int64)
+        present = self.mix_present[bucket]
+        others = np.where(present > 0.0, 1.0 - mix / np.maximum(present, 1e-12), 1.0)
+        members = np.flatnonzero((mix >= _MIN_MIX_SHARE * total) & (others >= _MIN_SHARED_SHARE))
+        if members.shape[0] < 2:
+            return np.zeros(0, dtype=np.int64)
+        order = np.argsort(-mix[members], kind="stable")
+        return np.sort(members[order][:MAX_JOINT_CLASSES])
+
+    def typical_features(self, bucket: int) -> np.ndarray:
+        """A step of the bucket running K=2 for the whole batch: the cost prior's scales."""
+        batch_size = self.load.batch_size(bucket)
+        typical = np.empty(self.cost.num_features)
+        typical[0] = 1.0
+        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
+        typical[2::FEATURES_PER_DRAFTER] = batch_size
+        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
+        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
+        typical[5::FEATURES_PER_DRAFTER] = batch_size
+        return typical
