@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from specctl.api import pb, pb_grpc
+from specctl.steps import load_bucket_of
 
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -120,6 +121,16 @@ class SidecarProcess:
         with channel:
             return stub.GetEvidence(pb.GetEvidenceRequest(), timeout=5)
 
+    def reset_class(self, workload_class: str) -> None:
+        """Make the policy forget what it learned about a class (admin)."""
+        channel, _, admin = self.stub()
+        with channel:
+            admin.ResetClass(
+                pb.ResetClassRequest(workload_class=workload_class),
+                metadata=(("authorization", f"Bearer {self.token}"),),
+                timeout=5,
+            )
+
     def override(self, workload_class: str, arm: str) -> None:
         channel, _, admin = self.stub()
         with channel:
@@ -140,3 +151,27 @@ def mode_arm(policy: pb.Policy, workload_class: str) -> tuple[str, float]:
             if p > best[1]:
                 best = (arm, p)
     return best
+
+
+def distribution(sidecar: SidecarProcess, workload_class: str, batch_size: int) -> dict[str, float]:
+    """The class's distribution over arms in the load bucket of ``batch_size``."""
+    bucket = load_bucket_of(batch_size, sidecar.policy_now().load_bucket_bounds)
+    for ce in sidecar.evidence().classes:
+        if ce.workload_class == workload_class and ce.load_bucket == bucket:
+            return {a.arm: a.probability for a in ce.arms}
+    return {}
+
+
+def arm_rounds(sidecar: SidecarProcess, workload_class: str) -> dict[str, float]:
+    """Request-rounds the engine ran per arm for a class, from the sidecar's /metrics."""
+    prefix = "specctl_arm_rounds_total{"
+    out: dict[str, float] = {}
+    for line in sidecar.metrics().splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, value = line[len(prefix) :].rsplit("} ", 1)
+        fields = dict(part.split("=", 1) for part in labels.split(","))
+        if fields.get("workload_class", "").strip('"') == workload_class:
+            arm = fields["arm"].strip('"')
+            out[arm] = out.get(arm, 0.0) + float(value)
+    return out

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specctl.engine.hybrid import CONTEXT_DRAFTERS
+from specctl.engine.ngram import NGRAM
+
 BUILTIN_MODELS = ("testbed", "tiny")
 STEP_CLOCKS = ("process_cpu", "wall")
 # SamplingParams fields a class may set, with their valid ranges (None: no bound).
@@ -136,9 +139,23 @@ class Workload:
     def max_k(self) -> int:
         return int(self.speculative["num_speculative_tokens"])
 
+    @property
+    def ngram_max_k(self) -> int:
+        """The longest n-gram arm the engine offers next to a model drafter (0: none).
+
+        As the engine decides it (docs/drafters.md): the engine's K unless the
+        workload's ``[engine] env`` sets ``SPECCTL_NGRAM_MAX_K``; none when the
+        engine's drafter already drafts from the context.
+        """
+        if self.drafter in CONTEXT_DRAFTERS:
+            return 0
+        return min(int(self.engine_env.get("SPECCTL_NGRAM_MAX_K", self.max_k)), self.max_k)
+
     def arms(self) -> list[str]:
-        """The arms the engine offers: ``off`` and the drafter at every K up to its maximum."""
-        return ["off"] + [f"{self.drafter}/k={k}" for k in range(1, self.max_k + 1)]
+        """The arms the engine offers: ``off``, the drafter at every K up to its maximum, and
+        n-gram next to a model drafter."""
+        arms = ["off"] + [f"{self.drafter}/k={k}" for k in range(1, self.max_k + 1)]
+        return arms + [f"{NGRAM}/k={k}" for k in range(1, self.ngram_max_k + 1)]
 
     def static_arms(self) -> list[str]:
         return list(self.bench.static_arms) if self.bench.static_arms else self.arms()

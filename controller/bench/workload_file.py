@@ -134,6 +134,9 @@ def _engine(w: Where, raw: Any) -> tuple[str, dict[str, str], tuple[str, ...]]:
     for k, v in env.items():
         if not isinstance(v, str | int | float) or isinstance(v, bool):
             raise w.error(f"engine.env.{k}", f"must be a string or a number, not {v!r}")
+    ngram_k = env.get("SPECCTL_NGRAM_MAX_K")
+    if ngram_k is not None and not (isinstance(ngram_k, int) or str(ngram_k).isdigit()):
+        raise w.error("engine.env.SPECCTL_NGRAM_MAX_K", f"={ngram_k!r}: must be an integer >= 0")
     args = as_str_list(w, t["args"], "engine.args") if "args" in t else ()
     return clock, {k: str(v) for k, v in env.items()}, args
 

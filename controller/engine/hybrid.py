@@ -30,7 +30,7 @@ from specctl.engine.config import ConfigError, EngineConfig
 from specctl.engine.ngram import NGRAM, NgramSettings
 
 # Drafters that already propose from the request's own context.
-_CONTEXT_DRAFTERS = frozenset({NGRAM, "ngram_gpu", "suffix"})
+CONTEXT_DRAFTERS = frozenset({NGRAM, "ngram_gpu", "suffix"})
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def decide_hybrid(vllm_config: Any, config: EngineConfig) -> HybridDecision:
     spec = vllm_config.speculative_config
     method = str(spec.method)
     max_k = int(spec.num_speculative_tokens)
-    if config.ngram_max_k == 0 or method in _CONTEXT_DRAFTERS:
+    if config.ngram_max_k == 0 or method in CONTEXT_DRAFTERS:
         return HybridDecision(None)
     ngram_k = max_k if config.ngram_max_k is None else config.ngram_max_k
     if ngram_k > max_k:

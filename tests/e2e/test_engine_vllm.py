@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import VLLM_ENV, SidecarProcess
+from engine_support import VLLM_ENV, SidecarProcess, arm_rounds, distribution
 
-from specctl.steps import load_bucket_of
 from specctl.testing.tiny_engine import tiny_ngram_llm
 
 pytestmark = pytest.mark.vllm
@@ -146,32 +145,6 @@ def test_greedy_text_is_identical_with_and_without_speculation(
         assert with_policy[i] == ref, f"prompt {i}: specctl's policy changed the greedy output"
 
 
-def _distribution(
-    sidecar: SidecarProcess, workload_class: str, batch_size: int
-) -> dict[str, float]:
-    """The class's distribution over arms in the load bucket of ``batch_size``."""
-    bucket = load_bucket_of(batch_size, sidecar.policy_now().load_bucket_bounds)
-    for ce in sidecar.evidence().classes:
-        if ce.workload_class == workload_class and ce.load_bucket == bucket:
-            return {a.arm: a.probability for a in ce.arms}
-    return {}
-
-
-def _arm_rounds(sidecar: SidecarProcess, workload_class: str) -> dict[str, float]:
-    """Request-rounds the engine ran per arm for a class, from the sidecar's /metrics."""
-    prefix = "specctl_arm_rounds_total{"
-    out: dict[str, float] = {}
-    for line in sidecar.metrics().splitlines():
-        if not line.startswith(prefix):
-            continue
-        labels, value = line[len(prefix) :].rsplit("} ", 1)
-        fields = dict(part.split("=", 1) for part in labels.split(","))
-        if fields.get("workload_class", "").strip('"') == workload_class:
-            arm = fields["arm"].strip('"')
-            out[arm] = out.get(arm, 0.0) + float(value)
-    return out
-
-
 def test_each_class_learns_whether_speculation_pays(llm: Any, sidecar: SidecarProcess) -> None:
     """Two classes on opposite sides of ``off``: ``greedy`` accepts half of its first n-gram
     drafts (its output repeats itself), ``hot`` (temperature 1.0) almost none. Learning must
@@ -205,7 +178,7 @@ def test_each_class_learns_whether_speculation_pays(llm: Any, sidecar: SidecarPr
     history: list[tuple[float, float]] = []
     window: list[tuple[float, float, float]] = []  # greedy off rounds, all rounds, hot cheap
     settled = False
-    before = _arm_rounds(sidecar, "greedy")
+    before = arm_rounds(sidecar, "greedy")
     for round_ in range(MAX_LEARNING_ROUNDS):
         # one batch of each class: in a batch shared with temperature-1.0 requests, vLLM's
         # CPU engine accepts far fewer of the greedy requests' drafts (at position 1, 0.17
@@ -213,9 +186,9 @@ def test_each_class_learns_whether_speculation_pays(llm: Any, sidecar: SidecarPr
         offset = 200 + 2 * n * round_
         _generate(llm, _prompts(n, offset), _params("greedy", n, max_tokens))
         _generate(llm, _prompts(n, offset + n), _params("hot", n, max_tokens, 5000 + offset))
-        greedy = _distribution(sidecar, "greedy", n)
-        hot = _distribution(sidecar, "hot", n)
-        after = _arm_rounds(sidecar, "greedy")
+        greedy = distribution(sidecar, "greedy", n)
+        hot = distribution(sidecar, "hot", n)
+        after = arm_rounds(sidecar, "greedy")
         ran = {a: after.get(a, 0.0) - before.get(a, 0.0) for a in after}
         before = after
         off_rounds, all_rounds = ran.get("off", 0.0), max(sum(ran.values()), 1.0)

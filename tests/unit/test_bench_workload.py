@@ -62,6 +62,19 @@ def test_defaults_of_a_minimal_file() -> None:
     assert w.classes[0].output_tokens == (64, 64) and w.classes[0].prompt_tokens is None
     tiny = _parse('[model]\nbuiltin = "tiny"\n' + MINIMAL)
     assert tiny.drafter == "ngram" and tiny.arms()[-1] == "ngram/k=4"
+    assert len(tiny.arms()) == 5  # an n-gram engine offers no second n-gram drafter
+
+
+def test_a_model_drafter_engine_offers_ngram_arms_as_the_engine_does() -> None:
+    w = _parse(MINIMAL)
+    assert w.drafter == "draft_model" and w.max_k == 4
+    assert w.arms() == ["off"] + [f"draft_model/k={k}" for k in range(1, 5)] + [
+        f"ngram/k={k}" for k in range(1, 5)
+    ]
+    one = _parse("[engine]\nenv = { SPECCTL_NGRAM_MAX_K = 1 }\n" + MINIMAL)
+    assert one.arms()[-2:] == ["draft_model/k=4", "ngram/k=1"]
+    none = _parse("[engine]\nenv = { SPECCTL_NGRAM_MAX_K = '0' }\n" + MINIMAL)
+    assert none.arms()[-1] == "draft_model/k=4"
     json.dumps(w.to_json())  # the JSON of the run carries the workload
 
 
@@ -90,7 +103,13 @@ def test_defaults_of_a_minimal_file() -> None:
         (MINIMAL.replace('name = "hot"\n', 'name = "hot"\nprompts = "missing.txt"\n'),
          "class[1].prompts='missing.txt': no such file"),
         (MINIMAL.replace('name = "hot"\n', 'name = "hot"\nprompts = "p.csv"\n'), ".jsonl"),
-        ("[bench]\nstatic_arms = ['ngram/k=2']\n" + MINIMAL, "bench.static_arms[0]"),
+        ("[bench]\nstatic_arms = ['eagle3/k=2']\n" + MINIMAL, "bench.static_arms[0]"),
+        (
+            "[engine]\nenv = { SPECCTL_NGRAM_MAX_K = '0' }\n[bench]\nstatic_arms = ['ngram/k=2']\n"
+            + MINIMAL,
+            "bench.static_arms[0]",
+        ),
+        ("[engine]\nenv = { SPECCTL_NGRAM_MAX_K = 'two' }\n" + MINIMAL, "SPECCTL_NGRAM_MAX_K"),
         ("[bench]\npolicies = ['specctl', 'sglang']\n" + MINIMAL, "bench.policies[1]='sglang'"),
         ("[bench]\nrepetitions = 0\n" + MINIMAL, "bench.repetitions=0"),
         ("[bench]\nwarmup = 3\n" + MINIMAL, "bench.warmup: unknown key"),
