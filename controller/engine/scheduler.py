@@ -32,8 +32,6 @@ from typing import Any
 
 import structlog
 
-from specctl import __version__
-from specctl.api import pb
 from specctl.arms import MAX_K
 from specctl.engine.client import SidecarClient
 from specctl.engine.config import EngineConfig, engine_default_arm
@@ -46,6 +44,7 @@ from specctl.engine.vllm_compat import (
     version_supported,
 )
 from specctl.logs import configure_logging, get_logger
+from specctl.protocol.hello import hello_message, validate_hello
 
 log = get_logger(__name__)
 
@@ -181,15 +180,13 @@ class _SpecctlMixin:
             )
         import vllm
 
-        hello = pb.Hello(
-            engine_id=config.engine_id,
+        hello = hello_message(
+            config.engine_id, drafters, fallback,
             model=str(vllm_config.model_config.served_model_name or vllm_config.model_config.model),
             vllm_version=str(vllm.__version__),
-            drafters=[pb.Drafter(method=d, max_k=k) for d, k in drafters.items()],
             max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
-            fallback_arm=fallback.name,
-            specctl_version=__version__,
-        )
+        )  # fmt: skip
+        validate_hello(hello)  # what the sidecar will check, checked here first
         client = SidecarClient(config, hello, drafters, fallback)
         self.specctl_client = client
         # vLLM's dense lookup of the user's Dynamic SD table (None without one; vLLM drops
