@@ -41,10 +41,14 @@ def _parse(text: str, tmp_path: Path | None = None) -> Any:
 
 
 def test_packaged_workloads_load() -> None:
-    assert {"demo", "testbed-three-classes"} <= set(packaged_workloads())
+    assert {"demo", "testbed-three-classes", "testbed-two-drafters"} <= set(packaged_workloads())
     demo = load_workload("demo")
     assert demo.model.builtin == "testbed"
-    assert [c.name for c in demo.classes] == ["greedy", "warm", "hot"]
+    assert [c.name for c in demo.classes] == ["greedy", "warm", "hot", "copy"]
+    assert {a.split("/")[0] for a in demo.static_arms()} == {"off", "draft_model", "ngram"}
+    drafters = load_workload("testbed-two-drafters")
+    assert [c.name for c in drafters.classes] == ["copy", "free"]
+    assert set(drafters.static_arms()) <= set(drafters.arms())
     swing = load_workload("testbed-three-classes")
     assert len(swing.classes) >= 3
     loads = [p.total_concurrency for p in swing.phases]
