@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -175,3 +179,39 @@ def arm_rounds(sidecar: SidecarProcess, workload_class: str) -> dict[str, float]
             arm = fields["arm"].strip('"')
             out[arm] = out.get(arm, 0.0) + float(value)
     return out
+
+
+@contextmanager
+def running_sidecar(policy: str = "specctl") -> Iterator[SidecarProcess]:
+    """A sidecar process in a short directory of its own (unix socket paths are short)."""
+    workdir = Path(tempfile.mkdtemp(prefix="specctl-e-"))
+    sidecar = SidecarProcess(workdir, policy=policy)
+    sidecar.start()
+    try:
+        yield sidecar
+    finally:
+        sidecar.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
+def engine_environment(sidecar: SidecarProcess, settings: Mapping[str, str]) -> Iterator[None]:
+    """vLLM's settings, the engine's sidecar and ``settings`` in the environment, for as long
+    as the engine started inside runs (its processes read them at start-up)."""
+    env = {
+        **VLLM_ENV,
+        "SPECCTL_ADDRESS": sidecar.address,
+        "SPECCTL_REPORT_INTERVAL_S": "0.1",
+        "SPECCTL_SEED": "0",
+        **settings,
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -16,17 +16,19 @@ Two classes whose best drafter differs, for reasons that are physical:
 
 from __future__ import annotations
 
-import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import VLLM_ENV, SidecarProcess, arm_rounds, distribution
+from engine_support import (
+    SidecarProcess,
+    arm_rounds,
+    distribution,
+    engine_environment,
+    running_sidecar,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -63,12 +65,8 @@ def _params(workload_class: str, n: int) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def sidecar() -> Iterator[SidecarProcess]:
-    workdir = Path(tempfile.mkdtemp(prefix="specctl-d-"))  # short: a unix socket path
-    sc = SidecarProcess(workdir, policy="specctl")
-    sc.start()
-    yield sc
-    sc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+    with running_sidecar() as sc:
+        yield sc
 
 
 @pytest.fixture(scope="module")
@@ -76,32 +74,19 @@ def llm(sidecar: SidecarProcess, testbed_models: tuple[str, str]) -> Iterator[An
     from vllm import LLM
 
     target, draft = testbed_models
-    env = {
-        **VLLM_ENV,
-        "SPECCTL_ADDRESS": sidecar.address,
-        "SPECCTL_REPORT_INTERVAL_S": "0.1",
-        "SPECCTL_SEED": "0",
-        "SPECCTL_NGRAM_PROMPT_LOOKUP_MIN": "2",
-        "SPECCTL_NGRAM_PROMPT_LOOKUP_MAX": "4",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    engine = LLM(
-        model=target, dtype="float32", enforce_eager=True, max_model_len=512, max_num_seqs=8,
-        seed=0, disable_log_stats=False,
-        speculative_config={
-            "method": MODEL_DRAFTER, "model": draft, "num_speculative_tokens": MAX_K,
-        },
-        scheduler_cls="specctl.engine.scheduler.SpecctlScheduler",
-        worker_extension_cls="specctl.demo.vllm_cpu_fixes.CpuSpecDecodeFixes",
-    )  # fmt: skip
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    lookup = {"SPECCTL_NGRAM_PROMPT_LOOKUP_MIN": "2", "SPECCTL_NGRAM_PROMPT_LOOKUP_MAX": "4"}
+    with engine_environment(sidecar, lookup):
+        engine = LLM(
+            model=target, dtype="float32", enforce_eager=True, max_model_len=512,
+            max_num_seqs=8, seed=0, disable_log_stats=False,
+            speculative_config={
+                "method": MODEL_DRAFTER, "model": draft, "num_speculative_tokens": MAX_K,
+            },
+            scheduler_cls="specctl.engine.scheduler.SpecctlScheduler",
+            worker_extension_cls="specctl.demo.vllm_cpu_fixes.CpuSpecDecodeFixes",
+        )  # fmt: skip
+        yield engine
+        engine.llm_engine.engine_core.shutdown()
 
 
 def _pin(sidecar: SidecarProcess, arms: dict[str, str]) -> None:

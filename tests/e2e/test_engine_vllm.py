@@ -9,17 +9,20 @@ accepted ("greedy"), while at temperature 1.0 they almost never are ("hot").
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_support import VLLM_ENV, SidecarProcess, arm_rounds, distribution
+from engine_support import (
+    SidecarProcess,
+    arm_rounds,
+    distribution,
+    engine_environment,
+    running_sidecar,
+)
 
 from specctl.testing.tiny_engine import tiny_ngram_llm
 
@@ -43,40 +46,20 @@ def _prompts(n: int, offset: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
-    # unix socket paths must stay short: use a short directory of our own.
-    import tempfile
-
-    workdir = Path(tempfile.mkdtemp(prefix="specctl-e-"))
-    sc = SidecarProcess(workdir, policy="specctl")
-    sc.start()
-    yield sc
-    sc.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
+def sidecar() -> Iterator[SidecarProcess]:
+    with running_sidecar() as sc:
+        yield sc
 
 
 @pytest.fixture(scope="module")
 def llm(sidecar: SidecarProcess, tiny_model: str) -> Iterator[Any]:
-    env = {
-        **VLLM_ENV,
-        "SPECCTL_ADDRESS": sidecar.address,
-        "SPECCTL_REPORT_INTERVAL_S": "0.1",
-        "SPECCTL_RECONNECT_MAX_S": "1.0",
-        "SPECCTL_SEED": "0",
-        # CPU seconds of the engine as the step clock: free of
-        # the time other processes on a shared machine take
-        "SPECCTL_STEP_CLOCK": "process_cpu",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    engine = tiny_ngram_llm(tiny_model, max_num_seqs=32, log_stats=True)
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    # CPU seconds of the engine as the step clock: free of the time other processes on a
+    # shared machine take
+    settings = {"SPECCTL_RECONNECT_MAX_S": "1.0", "SPECCTL_STEP_CLOCK": "process_cpu"}
+    with engine_environment(sidecar, settings):
+        engine = tiny_ngram_llm(tiny_model, max_num_seqs=32, log_stats=True)
+        yield engine
+        engine.llm_engine.engine_core.shutdown()
 
 
 def _params(workload_class: str, n: int, max_tokens: int, seed0: int = 0) -> list[Any]:
