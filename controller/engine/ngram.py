@@ -72,8 +72,7 @@ def _compile_batch_matcher() -> Callable[..., None]:
         out_len: np.ndarray,
     ) -> None:
         for i in range(rows.shape[0]):
-            row = rows[i]
-            drafts = match(tokens[row, : lengths[row]], min_n, max_n, max_model_len, ks[i])
+            drafts = match(tokens[rows[i], : lengths[i]], min_n, max_n, max_model_len, ks[i])
             n = drafts.shape[0]
             out_len[i] = n
             out[i, :n] = drafts
@@ -97,8 +96,10 @@ class NgramDrafter:
         self._propose_rows = _compile_batch_matcher()
         # np.zeros maps pages lazily: rows cost memory only as far as they are written.
         self._tokens = np.zeros((_INITIAL_ROWS, max_model_len), dtype=np.int32)
-        self._lengths = np.zeros(_INITIAL_ROWS, dtype=np.int64)
+        # per row: its request, how many of its tokens it holds, and the last of them
         self._owner: list[Any] = [None] * _INITIAL_ROWS
+        self._held: list[int] = [0] * _INITIAL_ROWS
+        self._last: list[int] = [0] * _INITIAL_ROWS
         self._row_of: dict[str, int] = {}
         self._free: list[int] = list(range(_INITIAL_ROWS - 1, -1, -1))
         self._out = np.zeros((_INITIAL_ROWS, settings.max_k), dtype=np.int32)
@@ -106,7 +107,7 @@ class NgramDrafter:
         self.drafted_requests_total = 0
 
     def warm_up(self) -> None:
-        """Compile the matcher (about a second) so that no step ever waits for it."""
+        """Compile the matcher (seconds) so that no step ever waits for it."""
         tokens = np.zeros((1, 16), dtype=np.int32)
         tokens[0, :8] = [1, 2, 3, 4, 1, 2, 3, 4]
         out = np.zeros((1, self.settings.max_k), dtype=np.int32)
@@ -129,15 +130,34 @@ class NgramDrafter:
         """
         requests: list[Any] = []
         rows: list[int] = []
+        lengths: list[int] = []
         ks: list[int] = []
+        row_of, owner, held, last = self._row_of, self._owner, self._held, self._last
+        buffer = self._tokens  # replaced when the buffer grows
         for k, members in groups:
             for request in members:
-                num_tokens = request.num_tokens
+                tokens = request._all_token_ids
+                num_tokens = len(tokens)
                 if request.num_computed_tokens != num_tokens - 1:
                     if request.spec_token_ids:  # never verify the model's drafts instead
                         request.spec_token_ids = []
                     continue
-                rows.append(self._sync(request, num_tokens))
+                row = row_of.get(request.request_id)
+                if row is None or owner[row] is not request:
+                    row = self._claim(request)
+                    buffer, owner, held, last = self._tokens, self._owner, self._held, self._last
+                synced = held[row]
+                if synced > num_tokens or (synced and tokens[synced - 1] != last[row]):
+                    synced = 0  # not the tokens the row holds: a session's new chunk
+                if num_tokens > synced:
+                    if num_tokens - synced == 1:
+                        buffer[row, synced] = tokens[synced]
+                    else:
+                        buffer[row, synced:num_tokens] = tokens[synced:num_tokens]
+                    held[row] = num_tokens
+                    last[row] = tokens[num_tokens - 1]
+                rows.append(row)
+                lengths.append(num_tokens)
                 ks.append(k)
                 requests.append(request)
         count = len(requests)
@@ -149,14 +169,14 @@ class NgramDrafter:
         out, out_len = self._out, self._out_len
         settings = self.settings
         self._propose_rows(
-            self._tokens, np.array(rows, dtype=np.int64), self._lengths,
+            buffer, np.array(rows, dtype=np.int64), np.array(lengths, dtype=np.int64),
             np.array(ks, dtype=np.int64), settings.prompt_lookup_min,
             settings.prompt_lookup_max, self.max_model_len, out, out_len,
         )  # fmt: skip
-        lengths = out_len[:count].tolist()
-        for i, request in enumerate(requests):
-            drafts: list[int] = out[i, : lengths[i]].tolist()
-            if validate is not None and drafts and request.use_structured_output:
+        proposed = out[:count].tolist()
+        for request, drafts, n in zip(requests, proposed, out_len[:count].tolist(), strict=True):
+            del drafts[n:]
+            if validate is not None and n and request.use_structured_output:
                 drafts = validate(request, drafts)
             request.spec_token_ids = drafts
         self.drafted_requests_total += count
@@ -169,41 +189,27 @@ class NgramDrafter:
             row = row_of.pop(req_id, None)
             if row is not None:
                 self._owner[row] = None
-                self._lengths[row] = 0
+                self._held[row] = 0
                 self._free.append(row)
 
-    def _sync(self, request: Any, num_tokens: int) -> int:
-        """The request's row, holding its ``num_tokens`` tokens."""
-        req_id = request.request_id
-        row = self._row_of.get(req_id)
+    def _claim(self, request: Any) -> int:
+        """A row for a request the buffer does not hold yet (or a new one under its id)."""
+        row = self._row_of.get(request.request_id)
         if row is None:
             if not self._free:
                 self._grow()
-            row = self._row_of[req_id] = self._free.pop()
-            self._owner[row] = request
-            synced = 0
-        else:
-            synced = int(self._lengths[row])
-            tokens = request.all_token_ids
-            if (
-                self._owner[row] is not request
-                or synced > num_tokens
-                or (synced and tokens[synced - 1] != self._tokens[row, synced - 1])
-            ):
-                self._owner[row] = request
-                synced = 0
-        if num_tokens > synced:
-            self._tokens[row, synced:num_tokens] = request.all_token_ids[synced:num_tokens]
-            self._lengths[row] = num_tokens
+            row = self._row_of[request.request_id] = self._free.pop()
+        self._owner[row] = request
+        self._held[row] = 0
         return row
 
     def _grow(self) -> None:
         old_rows = self._tokens.shape[0]
         tokens = np.zeros((2 * old_rows, self.max_model_len), dtype=np.int32)
         tokens[:old_rows] = self._tokens
-        lengths = np.zeros(2 * old_rows, dtype=np.int64)
-        lengths[:old_rows] = self._lengths
-        self._tokens, self._lengths = tokens, lengths
+        self._tokens = tokens
         self._owner.extend([None] * old_rows)
+        self._held.extend([0] * old_rows)
+        self._last.extend([0] * old_rows)
         self._free.extend(range(2 * old_rows - 1, old_rows - 1, -1))
         log.info("specctl_ngram_rows_grown", rows=2 * old_rows)

@@ -207,3 +207,49 @@ def test_ngram_settings_are_checked_at_start_up(
     monkeypatch.setenv("SPECCTL_NGRAM_PROMPT_LOOKUP_MIN", "5")
     with pytest.raises(ConfigError, match="ngram_prompt_lookup_min=5 and ngram_prompt_lookup_max"):
         build_scheduler(_specctl(), tiny_model, method="draft_model")
+
+
+def test_ngram_drafts_are_vllms_matcher_over_each_requests_context() -> None:
+    """Real vLLM requests, more than the buffer's first rows, contexts that grow and change."""
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as vllm_match,
+    )
+
+    from specctl.engine.ngram import NgramDrafter, NgramSettings
+
+    drafter = NgramDrafter(NgramSettings(4, 2, 4), max_model_len=4096)
+    drafter.warm_up()
+    rng = np.random.default_rng(0)
+    requests = []
+    for i in range(70):
+        prompt = rng.integers(1, 8, size=int(rng.integers(8, 300))).tolist()
+        request = make_request(f"r{i}", prompt, max_tokens=400)
+        request.num_computed_tokens = request.num_tokens - 1  # as after its prefill
+        requests.append(request)
+
+    def expected(request: Any, k: int) -> list[int]:
+        context = np.array(request.all_token_ids, dtype=np.int32)
+        return [int(t) for t in vllm_match(context, 2, 4, 4096, k)]
+
+    for step in range(6):
+        if step == 3:  # a new request under a live id, and a session whose tokens change
+            requests[5] = make_request("r5", [9, 8, 7, 9, 8], max_tokens=400)
+            requests[5].num_computed_tokens = 4
+            tokens = requests[6]._all_token_ids  # same length, other tokens, another last
+            a, b = (1, 3) if tokens[-1] not in (1, 3) else (2, 4)
+            tokens[:] = ([b, a] * len(tokens))[-len(tokens) :]
+        assert drafter.draft([(4, requests[:35]), (2, requests[35:])]) == 70
+        for i, request in enumerate(requests):
+            assert request.spec_token_ids == expected(request, 4 if i < 35 else 2), (step, i)
+        for request in requests:  # the target accepts nothing and samples a token
+            request.append_output_token_ids(int(rng.integers(1, 8)))
+            request.num_computed_tokens = request.num_tokens - 1
+    assert sum(1 for r in requests if r.spec_token_ids) > 20  # the comparison compares drafts
+    # a request in prefill gets no drafts, and loses the model's
+    requests[0].num_computed_tokens = 0
+    requests[0].spec_token_ids = [5, 5]
+    assert drafter.draft([(4, requests[:1])]) == 0
+    assert requests[0].spec_token_ids == []
+    drafter.release([r.request_id for r in requests])
+    assert drafter._row_of == {}
