@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +65,11 @@ class StepBatch:
     accepted: IntArray
     # derived: the arm's K per request row (0 for off)
     arm_k: IntArray = field(repr=False)
+    # The drafter the engine runs for the whole batch ("" when the engine did not say), and
+    # per step the K it proposed in that step (-1: not reported). The step's drafts are
+    # verified in the next step, under that step's arms; the time they took is this step's.
+    batch_drafter: str = ""
+    draft_k: IntArray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -91,6 +97,8 @@ class StepRecord:
     propensity: list[float] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # the K the batch drafter proposed in this step (-1: not reported)
+    draft_k: int = -1
 
 
 def load_bucket_of(batch_size: int, bounds: Sequence[int]) -> int:
@@ -152,4 +160,23 @@ def merge_batches(batches: Sequence[StepBatch]) -> StepBatch:
         drafted=cat("drafted"),
         accepted=cat("accepted"),
         arm_k=cat("arm_k"),
+        **_merged_draft_k(batches),
     )
+
+
+def _merged_draft_k(batches: Sequence[StepBatch]) -> dict[str, Any]:
+    """The batch drafter most steps report a K for, and their K (-1 on the others' steps)."""
+    counts: dict[str, int] = {}
+    for b in batches:
+        if b.batch_drafter and b.draft_k is not None:
+            counts[b.batch_drafter] = counts.get(b.batch_drafter, 0) + b.num_steps
+    if not counts:
+        return {}
+    drafter = max(counts, key=lambda d: counts[d])
+    parts = [
+        b.draft_k
+        if b.batch_drafter == drafter and b.draft_k is not None
+        else np.full(b.num_steps, -1, dtype=np.int64)
+        for b in batches
+    ]
+    return {"batch_drafter": drafter, "draft_k": np.concatenate(parts)}

@@ -89,7 +89,7 @@ def synthetic_trace(
     directory.mkdir(parents=True, exist_ok=True)
     names = list(CLASSES)
     governing = {c: Choice(Arm("ngram", k) if k else OFF, 1.0) for c, k in k_of_class.items()}
-    plan = _Plan(0.0, governing, 1, 0)
+    plan = _Plan(0.0, governing, 1, 0, 4)
     running: list[_Request] = []
     requests: dict[str, _Request] = {}
     out = SyntheticTrace(directory, requests, [], [], [], writer)

@@ -47,6 +47,8 @@ class _Plan(NamedTuple):
     governing: Mapping[str, Choice]
     policy_version: int
     load_bucket: int
+    # the K the engine's drafter proposes in this step (verified in the next)
+    draft_k: int
 
 
 @dataclass(slots=True)
@@ -115,6 +117,7 @@ class RawStep:
             propensity=propensity,
             drafted=drafted_col,
             accepted=accepted_col,
+            draft_k=self.plan.draft_k,
         )
 
 
@@ -264,9 +267,9 @@ class StepRecorder:
         if len(self._plans) > _MAX_PENDING_PLANS:  # outputs vLLM never processed (shutdown)
             self._plans.clear()
         if previous:
-            self._plans[output_id] = _Plan(start_clock, previous, self._version, self._bucket)
+            version, plan_bucket = self._version, self._bucket
         else:
-            self._plans[output_id] = _Plan(start_clock, previous, view.version, bucket)
+            version, plan_bucket = view.version, bucket
         # One uniform for every class, over arms ordered by K (compile_policy): the classes'
         # K move together. A step costs what its deepest K costs, so independent draws would
         # all but never give a step in which every class drafts short, and the cost of short
@@ -290,6 +293,7 @@ class StepRecorder:
                 if choice.arm.k > step_k and choice.arm.drafter != substituted:
                     step_k = choice.arm.k
         step_k = self.max_k if self.fixed_step_k else min(step_k, self.max_k)
+        self._plans[output_id] = _Plan(start_clock, previous, version, plan_bucket, step_k)
         self.chosen = chosen
         self._version = view.version
         self._bucket = bucket

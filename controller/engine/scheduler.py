@@ -185,6 +185,7 @@ class _SpecctlMixin:
             model=str(vllm_config.model_config.served_model_name or vllm_config.model_config.model),
             vllm_version=str(vllm.__version__),
             max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
+            batch_drafter=method,
         )  # fmt: skip
         validate_hello(hello)  # what the sidecar will check, checked here first
         client = SidecarClient(config, hello, drafters, fallback)

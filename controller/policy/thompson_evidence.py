@@ -176,6 +176,7 @@ class ThompsonEvidence:
             flat_k = np.zeros(s * nd)
             np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
             step_k = flat_k.reshape(s, nd)
+            self._use_reported_draft_k(step_k, batch)
             self._update_mix(class_slots[batch.class_index], batch)
             untracked = (row_slot < 0) & (batch.arm_k > 0)
             if untracked.any():
@@ -192,6 +193,22 @@ class ThompsonEvidence:
         for b in np.unique(bucket).tolist():
             self.cost.refresh(b, self.typical_features(b))
         return EvidenceUpdate(class_slots, bucket, tuple(evicted))
+
+    def _use_reported_draft_k(self, step_k: np.ndarray, batch: StepBatch) -> None:
+        """The batch drafter's passes: the K it proposed in the step, where the engine says.
+
+        A step verifies the drafts of the arms chosen the step before, and drafts
+        for the next step at the K of the arms chosen now: its time holds this
+        step's drafting. Read from the rows' arms, the drafting K is one step
+        late, so the cost of a short K is measured with a long K's passes in it
+        whenever the K changes between steps.
+        """
+        draft_k = batch.draft_k
+        if draft_k is None or batch.batch_drafter not in self.drafter_slot:
+            return
+        slot = self.drafter_slot[batch.batch_drafter]
+        known = draft_k >= 0
+        step_k[known, slot] = draft_k[known]
 
     def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
         """Learn each load bucket's class mix: mean request-rounds per step per class, and

@@ -48,6 +48,10 @@ def validate_hello(hello: pb.Hello) -> tuple[dict[str, int], Arm]:
         fallback = parse_arm(hello.fallback_arm) if hello.fallback_arm else OFF
     except ArmError as exc:
         raise HelloError(f"hello.fallback_arm: {exc}") from None
+    if hello.batch_drafter and hello.batch_drafter not in offered:
+        raise HelloError(
+            f"hello.batch_drafter={hello.batch_drafter[:40]!r} is not among the drafters offered"
+        )
     if not fallback.is_off and fallback.k > offered.get(fallback.drafter, 0):
         raise HelloError(
             f"hello.fallback_arm={hello.fallback_arm!r} is not among the drafters offered"
@@ -63,6 +67,7 @@ def hello_message(
     model: str = "",
     vllm_version: str = "",
     max_batch_size: int = 0,
+    batch_drafter: str = "",
 ) -> pb.Hello:
     """The Hello of an engine offering ``offered`` (drafter -> max K) with ``fallback``."""
     return pb.Hello(
@@ -73,4 +78,5 @@ def hello_message(
         max_batch_size=max_batch_size,
         fallback_arm=fallback.name,
         specctl_version=__version__,
+        batch_drafter=batch_drafter,
     )

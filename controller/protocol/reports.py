@@ -219,11 +219,14 @@ def decode_step_report(
     engine_id: str,
     offered: Mapping[str, int],
     num_load_buckets: int,
+    batch_drafter: str = "",
 ) -> StepBatch:
     """Validate ``report`` against the engine's offered drafters (name -> max K).
 
     ``num_load_buckets`` is the number of buckets in the policy the engine was
-    given; load_bucket must be below it.
+    given; load_bucket must be below it. ``batch_drafter`` is the drafter the
+    engine's hello named as running for the whole batch: the report's
+    ``draft_k`` column, when present, is its K per step.
     """
     s = len(report.step_index)
     if s == 0:
@@ -246,6 +249,7 @@ def decode_step_report(
     cols.values["arm_k"] = arm_k_table[in_table] if cols.arms else np.zeros(r, dtype=np.int64)
     for check in ROW_CHECKS:
         check.check(cols)
+    draft_k = _draft_k(report, s, offered.get(batch_drafter, 0)) if batch_drafter else None
 
     return StepBatch(
         engine_id=engine_id,
@@ -267,7 +271,29 @@ def decode_step_report(
         drafted=cols["drafted"],
         accepted=cols["accepted"],
         arm_k=cols["arm_k"],
+        batch_drafter=batch_drafter if draft_k is not None else "",
+        draft_k=draft_k,
     )
+
+
+def _draft_k(report: pb.StepReport, num_steps: int, max_k: int) -> np.ndarray | None:
+    """The batch drafter's K per step: None when the column is empty (not reported)."""
+    n = len(report.draft_k)
+    if n == 0:
+        return None
+    if n != num_steps:
+        raise ReportError(
+            "column_length", f"draft_k has {n} values, step_index has {num_steps}: one per step"
+        )
+    values = np.asarray(report.draft_k, dtype=np.int64)
+    above = np.flatnonzero(values > max_k)
+    if above.size:
+        i = int(above[0])
+        raise ReportError(
+            "k_above_max",
+            f"draft_k[{i}]={int(values[i])} exceeds the batch drafter's max_k={max_k}",
+        )
+    return values
 
 
 def encode_step_report(sequence: int, steps: Sequence[StepRecord]) -> pb.StepReport:
@@ -304,4 +330,6 @@ def encode_step_report(sequence: int, steps: Sequence[StepRecord]) -> pb.StepRep
         propensity=propensity,
         drafted=drafted,
         accepted=accepted,
+        # only when every step has one: a partial column would not line up with the steps
+        draft_k=[st.draft_k for st in steps] if all(st.draft_k >= 0 for st in steps) else [],
     )

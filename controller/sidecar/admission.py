@@ -137,6 +137,7 @@ class Admission:
             engine_id=session.engine_id,
             offered=session.offered,
             num_load_buckets=self.num_load_buckets,
+            batch_drafter=session.hello.batch_drafter,
         )
 
     def _refuse(self, session: Session, report: pb.StepReport, reason: str, why: str) -> None:

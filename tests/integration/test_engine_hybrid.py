@@ -125,7 +125,12 @@ def test_each_class_verifies_the_drafts_of_its_own_drafter(tiny_model: str) -> N
     # what ran is what is reported: the n-gram class drafted 3 and had all 3 accepted
     from specctl.engine.recorder import RawStep
 
-    rows = [s.record() for s in scheduler.specctl_client.queue if isinstance(s, RawStep)][-1]
+    raw = [s for s in scheduler.specctl_client.queue if isinstance(s, RawStep)]
+    # each step reports the K the engine's drafter proposed in it, not the arms' (a step late)
+    assert [s.record().draft_k for s in raw] == [
+        o.num_spec_tokens_to_schedule for o in outputs[-len(raw) :]
+    ]
+    rows = raw[-1].record()
     by_class = {(c, a): (d, n) for c, a, d, n in zip(
         rows.classes, rows.arms, rows.drafted, rows.accepted, strict=True
     )}  # fmt: skip

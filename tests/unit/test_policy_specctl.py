@@ -19,6 +19,8 @@ from specctl.policy.acceptance import AcceptanceModel, expected_tokens
 from specctl.policy.registry import make_policy
 from specctl.policy.thompson import SpecctlConfig, SpecctlPolicy, tracking_bound_steps
 from specctl.policy.truncated import nonnegative_draws
+from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.steps import StepRecord
 
 NGRAM = {"ngram": 6}
 
@@ -582,3 +584,48 @@ def test_a_free_first_draft_token_is_found_from_long_drafts() -> None:
     assert sum(k <= 1 for k in late) >= 0.9 * len(late), late
     for name in ("greedy", "warm"):
         assert policy.select_action(name, 0).mode.k == 1
+
+
+# -- the step's own drafting -------------------------------------------------------------------
+
+
+def _lagged_policy(report_draft_k: bool, seed: int = 0) -> SpecctlPolicy:
+    """An engine as vLLM runs it: a step verifies the drafts of the arm chosen one step
+    before, and drafts at the K chosen now, for the whole batch; its time is
+    ``base + verification + passes at this step's K``. The K changes from step to step."""
+    policy = make_policy("specctl", {})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for([("draft_model", 3)]))
+    rng = np.random.default_rng(seed)
+    previous = 1
+    for step in range(600):
+        k = int(rng.choice([1, 3]))  # this step's arm: its drafts are verified next step
+        drafted = [previous] * 4
+        accepted = [int(min(rng.geometric(0.4) - 1, previous)) for _ in drafted]
+        time_s = 0.05 + 0.0005 * (4 + sum(drafted)) + 0.03 * (k >= 2) + 0.01 * k
+        record = StepRecord(
+            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
+            batch_size=4, num_scheduled_tokens=4 + sum(drafted), policy_version=1,
+            load_bucket=0, step_end_unix_s=1e9 + step, classes=["chat"] * 4,
+            arms=[f"draft_model/k={previous}"] * 4, propensity=[0.5] * 4, drafted=drafted,
+            accepted=accepted, draft_k=k if report_draft_k else -1,
+        )  # fmt: skip
+        batch = decode_step_report(
+            encode_step_report(step + 1, [record]), engine_id="e", offered={"draft_model": 3},
+            num_load_buckets=4, batch_drafter="draft_model",
+        )  # fmt: skip
+        policy.update_params(batch)
+        previous = k
+    return policy
+
+
+def _step_time_gap(policy: SpecctlPolicy) -> float:
+    times = {a.arm.k: a.expected_step_time_s for a in policy.evidence("chat", 0).arms}
+    return times[3] - times[1]
+
+
+def test_the_steps_own_drafting_k_is_what_its_time_is_learned_against() -> None:
+    """K=3 costs 50 ms more than K=1 (a second pass and two draft tokens). Read from the
+    rows' arms, which lag the drafting by a step, the gap all but vanishes."""
+    assert _step_time_gap(_lagged_policy(report_draft_k=True)) == pytest.approx(0.05, rel=0.3)
+    assert _step_time_gap(_lagged_policy(report_draft_k=False)) < 0.02

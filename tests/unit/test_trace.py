@@ -82,7 +82,7 @@ def _one_step(step: int, governing: dict[str, Choice]) -> RawStep:
         step_time_s=0.01,
         step_end_unix_s=time.time(),
         num_scheduled_tokens=5,
-        plan=_Plan(0.0, governing, 3, 0),
+        plan=_Plan(0.0, governing, 3, 0, 4),
         classes=["chat"],
         num_scheduled={"a-request": 5},
         spec_tokens={"a-request": [1, 2, 3, 4]},

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecctl/v1/controller.proto\x12\nspecctl.v1\"\x91\x01\n\rEngineMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.specctl.v1.HelloH\x00\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x16.specctl.v1.StepReportH\x00\x12*\n\x06status\x18\x03 \x01(\x0b\x32\x18.specctl.v1.EngineStatusH\x00\x42\x06\n\x04kind\"q\n\x11\x43ontrollerMessage\x12$\n\x06policy\x18\x01 \x01(\x0b\x32\x12.specctl.v1.PolicyH\x00\x12.\n\x08rejected\x18\x02 \x01(\x0b\x32\x1a.specctl.v1.ReportRejectedH\x00\x42\x06\n\x04kind\"(\n\x07\x44rafter\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05max_k\x18\x02 \x01(\r\"\xad\x01\n\x05Hello\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12%\n\x08\x64rafters\x18\x04 \x03(\x0b\x32\x13.specctl.v1.Drafter\x12\x16\n\x0emax_batch_size\x18\x05 \x01(\r\x12\x14\n\x0c\x66\x61llback_arm\x18\x06 \x01(\t\x12\x17\n\x0fspecctl_version\x18\x07 \x01(\t\"\xdc\x02\n\nStepReport\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x12\n\nstep_index\x18\x02 \x03(\x04\x12\x13\n\x0bstep_time_s\x18\x03 \x03(\x01\x12\x12\n\nbatch_size\x18\x04 \x03(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\r\x12\x16\n\x0epolicy_version\x18\x06 \x03(\x04\x12\x13\n\x0bload_bucket\x18\x07 \x03(\r\x12\x14\n\x0cnum_requests\x18\x08 \x03(\r\x12\x17\n\x0fstep_end_unix_s\x18\t \x03(\x01\x12\x13\n\x0b\x63lass_table\x18\n \x03(\t\x12\x11\n\tarm_table\x18\x0b \x03(\t\x12\x13\n\x0b\x63lass_index\x18\x0c \x03(\r\x12\x11\n\tarm_index\x18\r \x03(\r\x12\x12\n\npropensity\x18\x0e \x03(\x02\x12\x0f\n\x07\x64rafted\x18\x0f \x03(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x10 \x03(\r\"\x89\x01\n\x0c\x45ngineStatus\x12\x13\n\x0bin_fallback\x18\x01 \x01(\x08\x12\x17\n\x0f\x66\x61llback_reason\x18\x02 \x01(\t\x12\x1d\n\x15reports_dropped_total\x18\x03 \x01(\x04\x12\x14\n\x0cpolicy_age_s\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\"A\n\x0eReportRejected\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"t\n\x0b\x43lassPolicy\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x13\n\x0bload_bucket\x18\x02 \x01(\r\x12\x0c\n\x04\x61rms\x18\x03 \x03(\t\x12\x15\n\rprobabilities\x18\x04 \x03(\x01\x12\x13\n\x0b\x65xplanation\x18\x05 \x01(\t\"\xb8\x01\n\x06Policy\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bpolicy_name\x18\x02 \x01(\t\x12\x14\n\x0c\x66\x61llback_arm\x18\x03 \x01(\t\x12\x1a\n\x12load_bucket_bounds\x18\x04 \x03(\r\x12\x15\n\rdefault_class\x18\x05 \x01(\t\x12(\n\x07\x65ntries\x18\x06 \x03(\x0b\x32\x17.specctl.v1.ClassPolicy\x12\x15\n\rissued_unix_s\x18\x07 \x01(\x01\"\x12\n\x10GetPolicyRequest\",\n\x12GetEvidenceRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\"\xb5\x01\n\x0b\x41rmEvidence\x12\x0b\n\x03\x61rm\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xpected_tokens\x18\x03 \x01(\x01\x12\x1c\n\x14\x65xpected_step_time_s\x18\x04 \x01(\x01\x12\x0f\n\x07goodput\x18\x05 \x01(\x01\x12\x13\n\x0bgoodput_low\x18\x06 \x01(\x01\x12\x14\n\x0cgoodput_high\x18\x07 \x01(\x01\x12\x11\n\tprob_best\x18\x08 \x01(\x01\"Z\n\x11\x44rafterAcceptance\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x1e\n\x16\x63onditional_acceptance\x18\x02 \x03(\x01\x12\x14\n\x0cobservations\x18\x03 \x03(\x01\"\x81\x02\n\rClassEvidence\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x13\n\x0bload_bucket\x18\x02 \x01(\r\x12%\n\x04\x61rms\x18\x03 \x03(\x0b\x32\x17.specctl.v1.ArmEvidence\x12/\n\x08\x64rafters\x18\x04 \x03(\x0b\x32\x1d.specctl.v1.DrafterAcceptance\x12\x13\n\x0b\x65xplanation\x18\x05 \x01(\t\x12\x14\n\x0coverride_arm\x18\x06 \x01(\t\x12\x0e\n\x06rounds\x18\x07 \x01(\x01\x12\x30\n\tstability\x18\x08 \x01(\x0b\x32\x1d.specctl.v1.DecisionStability\"\xbc\x02\n\x11\x44\x65\x63isionStability\x12\x10\n\x08mode_arm\x18\x01 \x01(\t\x12\x19\n\x11mode_since_unix_s\x18\x02 \x01(\x01\x12\x14\n\x0cmode_dwell_s\x18\x03 \x01(\x01\x12\x18\n\x10mode_flips_total\x18\x04 \x01(\x04\x12\x15\n\rchanges_total\x18\x05 \x01(\x04\x12\x17\n\x0f\x63hange_tv_total\x18\x06 \x01(\x01\x12\x10\n\x08window_s\x18\x07 \x01(\x01\x12\x19\n\x11mode_flips_recent\x18\x08 \x01(\r\x12\x16\n\x0e\x63hanges_recent\x18\t \x01(\r\x12\x18\n\x10\x63hange_tv_recent\x18\n \x01(\x01\x12\x1d\n\x15mode_flips_per_minute\x18\x0b \x01(\x01\x12\x1c\n\x14\x63hange_tv_per_second\x18\x0c \x01(\x01\"n\n\x13GetEvidenceResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x13\n\x0bpolicy_name\x18\x02 \x01(\t\x12*\n\x07\x63lasses\x18\x03 \x03(\x0b\x32\x19.specctl.v1.ClassEvidence\"9\n\x12SetOverrideRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x0b\n\x03\x61rm\x18\x02 \x01(\t\"-\n\x13SetOverrideResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"+\n\x11ResetClassRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\",\n\x12ResetClassResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x32\xe8\x01\n\x0eSpecController\x12G\n\x07\x43onnect\x12\x19.specctl.v1.EngineMessage\x1a\x1d.specctl.v1.ControllerMessage(\x01\x30\x01\x12=\n\tGetPolicy\x12\x1c.specctl.v1.GetPolicyRequest\x1a\x12.specctl.v1.Policy\x12N\n\x0bGetEvidence\x12\x1e.specctl.v1.GetEvidenceRequest\x1a\x1f.specctl.v1.GetEvidenceResponse2\xb2\x01\n\x13SpecControllerAdmin\x12N\n\x0bSetOverride\x12\x1e.specctl.v1.SetOverrideRequest\x1a\x1f.specctl.v1.SetOverrideResponse\x12K\n\nResetClass\x12\x1d.specctl.v1.ResetClassRequest\x1a\x1e.specctl.v1.ResetClassResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecctl/v1/controller.proto\x12\nspecctl.v1\"\x91\x01\n\rEngineMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.specctl.v1.HelloH\x00\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x16.specctl.v1.StepReportH\x00\x12*\n\x06status\x18\x03 \x01(\x0b\x32\x18.specctl.v1.EngineStatusH\x00\x42\x06\n\x04kind\"q\n\x11\x43ontrollerMessage\x12$\n\x06policy\x18\x01 \x01(\x0b\x32\x12.specctl.v1.PolicyH\x00\x12.\n\x08rejected\x18\x02 \x01(\x0b\x32\x1a.specctl.v1.ReportRejectedH\x00\x42\x06\n\x04kind\"(\n\x07\x44rafter\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\r\n\x05max_k\x18\x02 \x01(\r\"\xc4\x01\n\x05Hello\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cvllm_version\x18\x03 \x01(\t\x12%\n\x08\x64rafters\x18\x04 \x03(\x0b\x32\x13.specctl.v1.Drafter\x12\x16\n\x0emax_batch_size\x18\x05 \x01(\r\x12\x14\n\x0c\x66\x61llback_arm\x18\x06 \x01(\t\x12\x17\n\x0fspecctl_version\x18\x07 \x01(\t\x12\x15\n\rbatch_drafter\x18\x08 \x01(\t\"\xed\x02\n\nStepReport\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x12\n\nstep_index\x18\x02 \x03(\x04\x12\x13\n\x0bstep_time_s\x18\x03 \x03(\x01\x12\x12\n\nbatch_size\x18\x04 \x03(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\r\x12\x16\n\x0epolicy_version\x18\x06 \x03(\x04\x12\x13\n\x0bload_bucket\x18\x07 \x03(\r\x12\x14\n\x0cnum_requests\x18\x08 \x03(\r\x12\x17\n\x0fstep_end_unix_s\x18\t \x03(\x01\x12\x13\n\x0b\x63lass_table\x18\n \x03(\t\x12\x11\n\tarm_table\x18\x0b \x03(\t\x12\x13\n\x0b\x63lass_index\x18\x0c \x03(\r\x12\x11\n\tarm_index\x18\r \x03(\r\x12\x12\n\npropensity\x18\x0e \x03(\x02\x12\x0f\n\x07\x64rafted\x18\x0f \x03(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x10 \x03(\r\x12\x0f\n\x07\x64raft_k\x18\x11 \x03(\r\"\x89\x01\n\x0c\x45ngineStatus\x12\x13\n\x0bin_fallback\x18\x01 \x01(\x08\x12\x17\n\x0f\x66\x61llback_reason\x18\x02 \x01(\t\x12\x1d\n\x15reports_dropped_total\x18\x03 \x01(\x04\x12\x14\n\x0cpolicy_age_s\x18\x04 \x01(\x01\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\"A\n\x0eReportRejected\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\"t\n\x0b\x43lassPolicy\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x13\n\x0bload_bucket\x18\x02 \x01(\r\x12\x0c\n\x04\x61rms\x18\x03 \x03(\t\x12\x15\n\rprobabilities\x18\x04 \x03(\x01\x12\x13\n\x0b\x65xplanation\x18\x05 \x01(\t\"\xb8\x01\n\x06Policy\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x13\n\x0bpolicy_name\x18\x02 \x01(\t\x12\x14\n\x0c\x66\x61llback_arm\x18\x03 \x01(\t\x12\x1a\n\x12load_bucket_bounds\x18\x04 \x03(\r\x12\x15\n\rdefault_class\x18\x05 \x01(\t\x12(\n\x07\x65ntries\x18\x06 \x03(\x0b\x32\x17.specctl.v1.ClassPolicy\x12\x15\n\rissued_unix_s\x18\x07 \x01(\x01\"\x12\n\x10GetPolicyRequest\",\n\x12GetEvidenceRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\"\xb5\x01\n\x0b\x41rmEvidence\x12\x0b\n\x03\x61rm\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\x12\x17\n\x0f\x65xpected_tokens\x18\x03 \x01(\x01\x12\x1c\n\x14\x65xpected_step_time_s\x18\x04 \x01(\x01\x12\x0f\n\x07goodput\x18\x05 \x01(\x01\x12\x13\n\x0bgoodput_low\x18\x06 \x01(\x01\x12\x14\n\x0cgoodput_high\x18\x07 \x01(\x01\x12\x11\n\tprob_best\x18\x08 \x01(\x01\"Z\n\x11\x44rafterAcceptance\x12\x0f\n\x07\x64rafter\x18\x01 \x01(\t\x12\x1e\n\x16\x63onditional_acceptance\x18\x02 \x03(\x01\x12\x14\n\x0cobservations\x18\x03 \x03(\x01\"\x81\x02\n\rClassEvidence\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x13\n\x0bload_bucket\x18\x02 \x01(\r\x12%\n\x04\x61rms\x18\x03 \x03(\x0b\x32\x17.specctl.v1.ArmEvidence\x12/\n\x08\x64rafters\x18\x04 \x03(\x0b\x32\x1d.specctl.v1.DrafterAcceptance\x12\x13\n\x0b\x65xplanation\x18\x05 \x01(\t\x12\x14\n\x0coverride_arm\x18\x06 \x01(\t\x12\x0e\n\x06rounds\x18\x07 \x01(\x01\x12\x30\n\tstability\x18\x08 \x01(\x0b\x32\x1d.specctl.v1.DecisionStability\"\xbc\x02\n\x11\x44\x65\x63isionStability\x12\x10\n\x08mode_arm\x18\x01 \x01(\t\x12\x19\n\x11mode_since_unix_s\x18\x02 \x01(\x01\x12\x14\n\x0cmode_dwell_s\x18\x03 \x01(\x01\x12\x18\n\x10mode_flips_total\x18\x04 \x01(\x04\x12\x15\n\rchanges_total\x18\x05 \x01(\x04\x12\x17\n\x0f\x63hange_tv_total\x18\x06 \x01(\x01\x12\x10\n\x08window_s\x18\x07 \x01(\x01\x12\x19\n\x11mode_flips_recent\x18\x08 \x01(\r\x12\x16\n\x0e\x63hanges_recent\x18\t \x01(\r\x12\x18\n\x10\x63hange_tv_recent\x18\n \x01(\x01\x12\x1d\n\x15mode_flips_per_minute\x18\x0b \x01(\x01\x12\x1c\n\x14\x63hange_tv_per_second\x18\x0c \x01(\x01\"n\n\x13GetEvidenceResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x13\n\x0bpolicy_name\x18\x02 \x01(\t\x12*\n\x07\x63lasses\x18\x03 \x03(\x0b\x32\x19.specctl.v1.ClassEvidence\"9\n\x12SetOverrideRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\x12\x0b\n\x03\x61rm\x18\x02 \x01(\t\"-\n\x13SetOverrideResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"+\n\x11ResetClassRequest\x12\x16\n\x0eworkload_class\x18\x01 \x01(\t\",\n\x12ResetClassResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x32\xe8\x01\n\x0eSpecController\x12G\n\x07\x43onnect\x12\x19.specctl.v1.EngineMessage\x1a\x1d.specctl.v1.ControllerMessage(\x01\x30\x01\x12=\n\tGetPolicy\x12\x1c.specctl.v1.GetPolicyRequest\x1a\x12.specctl.v1.Policy\x12N\n\x0bGetEvidence\x12\x1e.specctl.v1.GetEvidenceRequest\x1a\x1f.specctl.v1.GetEvidenceResponse2\xb2\x01\n\x13SpecControllerAdmin\x12N\n\x0bSetOverride\x12\x1e.specctl.v1.SetOverrideRequest\x1a\x1f.specctl.v1.SetOverrideResponse\x12K\n\nResetClass\x12\x1d.specctl.v1.ResetClassRequest\x1a\x1e.specctl.v1.ResetClassResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,41 +38,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTER']._serialized_start=306
   _globals['_DRAFTER']._serialized_end=346
   _globals['_HELLO']._serialized_start=349
-  _globals['_HELLO']._serialized_end=522
-  _globals['_STEPREPORT']._serialized_start=525
-  _globals['_STEPREPORT']._serialized_end=873
-  _globals['_ENGINESTATUS']._serialized_start=876
-  _globals['_ENGINESTATUS']._serialized_end=1013
-  _globals['_REPORTREJECTED']._serialized_start=1015
-  _globals['_REPORTREJECTED']._serialized_end=1080
-  _globals['_CLASSPOLICY']._serialized_start=1082
-  _globals['_CLASSPOLICY']._serialized_end=1198
-  _globals['_POLICY']._serialized_start=1201
-  _globals['_POLICY']._serialized_end=1385
-  _globals['_GETPOLICYREQUEST']._serialized_start=1387
-  _globals['_GETPOLICYREQUEST']._serialized_end=1405
-  _globals['_GETEVIDENCEREQUEST']._serialized_start=1407
-  _globals['_GETEVIDENCEREQUEST']._serialized_end=1451
-  _globals['_ARMEVIDENCE']._serialized_start=1454
-  _globals['_ARMEVIDENCE']._serialized_end=1635
-  _globals['_DRAFTERACCEPTANCE']._serialized_start=1637
-  _globals['_DRAFTERACCEPTANCE']._serialized_end=1727
-  _globals['_CLASSEVIDENCE']._serialized_start=1730
-  _globals['_CLASSEVIDENCE']._serialized_end=1987
-  _globals['_DECISIONSTABILITY']._serialized_start=1990
-  _globals['_DECISIONSTABILITY']._serialized_end=2306
-  _globals['_GETEVIDENCERESPONSE']._serialized_start=2308
-  _globals['_GETEVIDENCERESPONSE']._serialized_end=2418
-  _globals['_SETOVERRIDEREQUEST']._serialized_start=2420
-  _globals['_SETOVERRIDEREQUEST']._serialized_end=2477
-  _globals['_SETOVERRIDERESPONSE']._serialized_start=2479
-  _globals['_SETOVERRIDERESPONSE']._serialized_end=2524
-  _globals['_RESETCLASSREQUEST']._serialized_start=2526
-  _globals['_RESETCLASSREQUEST']._serialized_end=2569
-  _globals['_RESETCLASSRESPONSE']._serialized_start=2571
-  _globals['_RESETCLASSRESPONSE']._serialized_end=2615
-  _globals['_SPECCONTROLLER']._serialized_start=2618
-  _globals['_SPECCONTROLLER']._serialized_end=2850
-  _globals['_SPECCONTROLLERADMIN']._serialized_start=2853
-  _globals['_SPECCONTROLLERADMIN']._serialized_end=3031
+  _globals['_HELLO']._serialized_end=545
+  _globals['_STEPREPORT']._serialized_start=548
+  _globals['_STEPREPORT']._serialized_end=913
+  _globals['_ENGINESTATUS']._serialized_start=916
+  _globals['_ENGINESTATUS']._serialized_end=1053
+  _globals['_REPORTREJECTED']._serialized_start=1055
+  _globals['_REPORTREJECTED']._serialized_end=1120
+  _globals['_CLASSPOLICY']._serialized_start=1122
+  _globals['_CLASSPOLICY']._serialized_end=1238
+  _globals['_POLICY']._serialized_start=1241
+  _globals['_POLICY']._serialized_end=1425
+  _globals['_GETPOLICYREQUEST']._serialized_start=1427
+  _globals['_GETPOLICYREQUEST']._serialized_end=1445
+  _globals['_GETEVIDENCEREQUEST']._serialized_start=1447
+  _globals['_GETEVIDENCEREQUEST']._serialized_end=1491
+  _globals['_ARMEVIDENCE']._serialized_start=1494
+  _globals['_ARMEVIDENCE']._serialized_end=1675
+  _globals['_DRAFTERACCEPTANCE']._serialized_start=1677
+  _globals['_DRAFTERACCEPTANCE']._serialized_end=1767
+  _globals['_CLASSEVIDENCE']._serialized_start=1770
+  _globals['_CLASSEVIDENCE']._serialized_end=2027
+  _globals['_DECISIONSTABILITY']._serialized_start=2030
+  _globals['_DECISIONSTABILITY']._serialized_end=2346
+  _globals['_GETEVIDENCERESPONSE']._serialized_start=2348
+  _globals['_GETEVIDENCERESPONSE']._serialized_end=2458
+  _globals['_SETOVERRIDEREQUEST']._serialized_start=2460
+  _globals['_SETOVERRIDEREQUEST']._serialized_end=2517
+  _globals['_SETOVERRIDERESPONSE']._serialized_start=2519
+  _globals['_SETOVERRIDERESPONSE']._serialized_end=2564
+  _globals['_RESETCLASSREQUEST']._serialized_start=2566
+  _globals['_RESETCLASSREQUEST']._serialized_end=2609
+  _globals['_RESETCLASSRESPONSE']._serialized_start=2611
+  _globals['_RESETCLASSRESPONSE']._serialized_end=2655
+  _globals['_SPECCONTROLLER']._serialized_start=2658
+  _globals['_SPECCONTROLLER']._serialized_end=2890
+  _globals['_SPECCONTROLLERADMIN']._serialized_start=2893
+  _globals['_SPECCONTROLLERADMIN']._serialized_end=3071
 # @@protoc_insertion_point(module_scope)

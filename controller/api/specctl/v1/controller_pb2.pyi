@@ -33,7 +33,7 @@ class Drafter(_message.Message):
     def __init__(self, method: _Optional[str] = ..., max_k: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("engine_id", "model", "vllm_version", "drafters", "max_batch_size", "fallback_arm", "specctl_version")
+    __slots__ = ("engine_id", "model", "vllm_version", "drafters", "max_batch_size", "fallback_arm", "specctl_version", "batch_drafter")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VLLM_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class Hello(_message.Message):
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_ARM_FIELD_NUMBER: _ClassVar[int]
     SPECCTL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_DRAFTER_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     model: str
     vllm_version: str
@@ -48,10 +49,11 @@ class Hello(_message.Message):
     max_batch_size: int
     fallback_arm: str
     specctl_version: str
-    def __init__(self, engine_id: _Optional[str] = ..., model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., drafters: _Optional[_Iterable[_Union[Drafter, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., fallback_arm: _Optional[str] = ..., specctl_version: _Optional[str] = ...) -> None: ...
+    batch_drafter: str
+    def __init__(self, engine_id: _Optional[str] = ..., model: _Optional[str] = ..., vllm_version: _Optional[str] = ..., drafters: _Optional[_Iterable[_Union[Drafter, _Mapping]]] = ..., max_batch_size: _Optional[int] = ..., fallback_arm: _Optional[str] = ..., specctl_version: _Optional[str] = ..., batch_drafter: _Optional[str] = ...) -> None: ...
 
 class StepReport(_message.Message):
-    __slots__ = ("sequence", "step_index", "step_time_s", "batch_size", "num_scheduled_tokens", "policy_version", "load_bucket", "num_requests", "step_end_unix_s", "class_table", "arm_table", "class_index", "arm_index", "propensity", "drafted", "accepted")
+    __slots__ = ("sequence", "step_index", "step_time_s", "batch_size", "num_scheduled_tokens", "policy_version", "load_bucket", "num_requests", "step_end_unix_s", "class_table", "arm_table", "class_index", "arm_index", "propensity", "drafted", "accepted", "draft_k")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,7 @@ class StepReport(_message.Message):
     PROPENSITY_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_K_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     step_index: _containers.RepeatedScalarFieldContainer[int]
     step_time_s: _containers.RepeatedScalarFieldContainer[float]
@@ -84,7 +87,8 @@ class StepReport(_message.Message):
     propensity: _containers.RepeatedScalarFieldContainer[float]
     drafted: _containers.RepeatedScalarFieldContainer[int]
     accepted: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, sequence: _Optional[int] = ..., step_index: _Optional[_Iterable[int]] = ..., step_time_s: _Optional[_Iterable[float]] = ..., batch_size: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., policy_version: _Optional[_Iterable[int]] = ..., load_bucket: _Optional[_Iterable[int]] = ..., num_requests: _Optional[_Iterable[int]] = ..., step_end_unix_s: _Optional[_Iterable[float]] = ..., class_table: _Optional[_Iterable[str]] = ..., arm_table: _Optional[_Iterable[str]] = ..., class_index: _Optional[_Iterable[int]] = ..., arm_index: _Optional[_Iterable[int]] = ..., propensity: _Optional[_Iterable[float]] = ..., drafted: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_k: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence: _Optional[int] = ..., step_index: _Optional[_Iterable[int]] = ..., step_time_s: _Optional[_Iterable[float]] = ..., batch_size: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., policy_version: _Optional[_Iterable[int]] = ..., load_bucket: _Optional[_Iterable[int]] = ..., num_requests: _Optional[_Iterable[int]] = ..., step_end_unix_s: _Optional[_Iterable[float]] = ..., class_table: _Optional[_Iterable[str]] = ..., arm_table: _Optional[_Iterable[str]] = ..., class_index: _Optional[_Iterable[int]] = ..., arm_index: _Optional[_Iterable[int]] = ..., propensity: _Optional[_Iterable[float]] = ..., drafted: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[int]] = ..., draft_k: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineStatus(_message.Message):
     __slots__ = ("in_fallback", "fallback_reason", "reports_dropped_total", "policy_age_s", "policy_version")
