@@ -84,35 +84,31 @@ request-rounds runs ``prior_arm`` (for example the engine's configured K)
 with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
 distribution, so a new class does not start by exploring wildly.
 
-This module is the decision rule and the order of learning: the evidence it
-decides from is kept and updated by :mod:`specctl.policy.thompson_evidence`,
-and saved and restored by :mod:`specctl.policy.thompson_state`.
+This module is the decision rule and the order of learning: its parameters are
+:class:`~specctl.policy.thompson_config.SpecctlConfig`; the evidence it decides
+from is kept and updated by :mod:`specctl.policy.thompson_evidence`, and saved
+and restored by :mod:`specctl.policy.thompson_state`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
 
-from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from specctl.arms import MAX_K, OFF, Arm, parse_arm
 from specctl.policy.acceptance import AcceptanceModel
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
 from specctl.policy.joint import MIN_STEP_TIME_S, JointChoice
 from specctl.policy.load import BucketLoad
-from specctl.policy.params import (
-    DEFAULT_LOAD_BUCKET_BOUNDS,
-    bucket_bounds,
-    integer,
-    parse_config,
-    real,
-)
+from specctl.policy.params import parse_config
 from specctl.policy.state import PolicyState, StateValue
 from specctl.policy.switch_off import SwitchOff
+from specctl.policy.thompson_config import SpecctlConfig
 from specctl.policy.thompson_evidence import ThompsonEvidence
 from specctl.policy.thompson_state import JointProfiles, load_evidence, policy_state, read_state
 from specctl.policy.truncated import nonnegative_draws
@@ -124,88 +120,6 @@ _JOINT_REFRESH_STEPS = 16
 _MAX_SPEEDUP_OF_DRAW = 2.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7
-
-
-@dataclass(frozen=True)
-class SpecctlConfig:
-    """Parameters of :class:`SpecctlPolicy` (all optional)."""
-
-    discount: float = 0.999
-    recent_discount: float = 0.99
-    change_z: float = 5.0
-    change_min_shift: float = 0.1
-    cost_discount: float = 0.999
-    probe_budget: float = 0.02
-    switch_off_confidence: float = 0.95
-    switch_on_confidence: float = 0.8
-    prior_arm: str | None = None
-    cold_start_rounds: float = 200.0
-    prior_acceptance: float = 0.6
-    prior_strength: float = 4.0
-    max_rounds: float = 5000.0
-    model_rounds: float = 200.0
-    prior_step_s: float = 0.02
-    prior_token_s: float = 2e-5
-    prior_cost_spread: float = 0.3
-    num_samples: int = 256
-    seed: int = 0
-    load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
-    max_classes: int = 256
-    max_drafters: int = 4
-
-    def __post_init__(self) -> None:
-        checked: dict[str, Any] = {
-            "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
-            "recent_discount": real(
-                "recent_discount", self.recent_discount, 0.5, 1.0, lo_open=True
-            ),
-            "change_z": real("change_z", self.change_z, 1.0, 1e6),
-            "change_min_shift": real("change_min_shift", self.change_min_shift, 0.0, 1.0),
-            "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
-            "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
-            "switch_off_confidence": real(
-                "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
-            ),
-            "switch_on_confidence": real(
-                "switch_on_confidence", self.switch_on_confidence, 0.0, 1.0, hi_open=True
-            ),
-            "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
-            "prior_acceptance": real(
-                "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
-            ),
-            "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
-            "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
-            "model_rounds": real("model_rounds", self.model_rounds, 0.0, 1e12),
-            "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
-            "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
-            "prior_cost_spread": real(
-                "prior_cost_spread", self.prior_cost_spread, 0.0, 1e6, lo_open=True
-            ),
-            "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
-            "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
-            "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
-            "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
-            "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
-        }
-        if checked["recent_discount"] > checked["discount"]:
-            raise ValueError(
-                f"recent_discount={self.recent_discount!r} must not exceed "
-                f"discount={self.discount!r}: the recent window is the shorter memory"
-            )
-        if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
-            raise ValueError(
-                f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
-                f"switch_off_confidence={self.switch_off_confidence!r}"
-            )
-        if self.prior_arm is not None:
-            if not isinstance(self.prior_arm, str):
-                raise ValueError(f"prior_arm={self.prior_arm!r} must be an arm name")
-            try:
-                parse_arm(self.prior_arm)
-            except ArmError as exc:
-                raise ValueError(f"prior_arm: {exc}") from None
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
