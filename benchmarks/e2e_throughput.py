@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specctl.bench.processes import SidecarProcess
+from specctl.bench.sidecar_process import SidecarProcess
 
 CLASSES = ("greedy", "hot")
 WORDS = ["The quick brown fox", "Speculative decoding", "def add(a, b):", "SELECT name",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specctl.bench.processes import SidecarProcess
+from specctl.bench.sidecar_process import SidecarProcess
 
 SCHEDULER_CLS = "specctl.engine.scheduler.SpecctlScheduler"
 DRAFTER = "draft_model"

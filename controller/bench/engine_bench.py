@@ -21,7 +21,7 @@ unmeasured for ``settle_s`` (static arms: the closed loop ramping up) or
 adapting to the phase's load), then measures for the phase's ``seconds``: the
 committed tokens per class (the sidecar's request-rounds plus accepted
 drafts, what the engine reported), the engine's CPU seconds (engine core and
-model workers, :func:`~.processes.engine_cpu_seconds`) and the wall time. The
+model workers, :func:`~.engine_cpu.engine_cpu_seconds`) and the wall time. The
 clients are then cancelled and the engine drained before the next segment.
 Learning policies' evidence is sampled every ``sample_every_s`` (the
 timeline: arm probabilities and decision stability per context).
@@ -44,10 +44,11 @@ from typing import Any
 
 from specctl.bench.engine_model import prepare_model
 from specctl.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
-from specctl.bench.processes import SERVED_MODEL_NAME, SidecarProcess, VllmServer
 from specctl.bench.readings import Reading, read_caught_up, vllm_tokens
 from specctl.bench.schedule import PolicyRun, estimate_seconds, expand_policies, schedule
+from specctl.bench.sidecar_process import SidecarProcess
 from specctl.bench.timeline import evidence_rows
+from specctl.bench.vllm_server import SERVED_MODEL_NAME, VllmServer
 from specctl.bench.workload import Workload
 
 REFERENCE_SIDECAR = "static"

@@ -13,7 +13,9 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from specctl.bench.processes import SidecarProcess, VllmServer, metric_sum
+from specctl.bench.scraped_metrics import metric_sum
+from specctl.bench.sidecar_process import SidecarProcess
+from specctl.bench.vllm_server import VllmServer
 
 
 @dataclass

@@ -29,20 +29,9 @@ probability matching, with the sampling done by the engines. Why this rule:
   sharpens K=1..4, and one step time sharpens every arm's cost.
 
 The posterior probabilities are computed by Monte Carlo with ``num_samples``
-draws per context. Each position's Beta posterior is drawn through its
-logit-normal (delta-method) approximation, and the cost coefficients from
-their Gaussian posterior. Each speculative arm's extra step time over ``off``
-is drawn from its posterior conditioned on being non-negative
-(:mod:`specctl.policy.truncated`), then each draw is made monotone in K.
-Clipping that extra time at zero instead made speculation exactly free in
-every draw that put it below zero, where the hair of extra tokens the
-acceptance prior still promises at zero acceptance beat ``off``: with a
-small, noisy extra cost about half the draws went to speculating arms, a
-bias that no amount of data removed. The standard
-normal draws are fixed at construction from ``seed`` (common random numbers):
-decisions are deterministic given the reports, and a distribution moves only
-when the evidence does, not with sampling noise, so the sidecar pushes
-(changes beyond its threshold) only on real changes.
+draws per context, from standard normal draws fixed at construction from
+``seed``: decisions are deterministic given the reports
+(:mod:`specctl.policy.thompson_draws`).
 
 Memory. A steady workload must get a steady decision, and the evidence
 behind it must be long: with a memory of a hundred steps the posterior stays
@@ -76,7 +65,8 @@ there, and a fixed probe at one short K would leave the rest at its prior.
 The probes keep acceptance and cost measured, so a recovery is found and off
 is never permanent.
 
-Classes that share a batch are decided together (:meth:`_joint_samples`):
+Classes that share a batch are decided together
+(:meth:`~specctl.policy.thompson_draws.PosteriorDraws._joint_samples`):
 the step's deepest K sets its cost for every request in it.
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
@@ -84,144 +74,37 @@ request-rounds runs ``prior_arm`` (for example the engine's configured K)
 with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
 distribution, so a new class does not start by exploring wildly.
 
-This module is the decision rule and the order of learning: the evidence it
-decides from is kept and updated by :mod:`specctl.policy.thompson_evidence`,
-and saved and restored by :mod:`specctl.policy.thompson_state`.
+This module is the decision rule and the order of learning: its parameters are
+:class:`~specctl.policy.thompson_config.SpecctlConfig`; the evidence it decides
+from is kept and updated by :mod:`specctl.policy.thompson_evidence`, drawn from
+by :mod:`specctl.policy.thompson_draws`, and saved and restored by
+:mod:`specctl.policy.thompson_state`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Self
 
 import numpy as np
 
-from specctl.arms import MAX_K, OFF, Arm, ArmError, parse_arm
+from specctl.arms import OFF, Arm, parse_arm
 from specctl.policy.acceptance import AcceptanceModel
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
-from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
-from specctl.policy.joint import MIN_STEP_TIME_S, JointChoice
+from specctl.policy.cost import CostModel
 from specctl.policy.load import BucketLoad
-from specctl.policy.params import (
-    DEFAULT_LOAD_BUCKET_BOUNDS,
-    bucket_bounds,
-    integer,
-    parse_config,
-    real,
-)
+from specctl.policy.params import parse_config
 from specctl.policy.state import PolicyState, StateValue
 from specctl.policy.switch_off import SwitchOff
+from specctl.policy.thompson_config import SpecctlConfig
+from specctl.policy.thompson_draws import ContextDraws, PosteriorDraws
 from specctl.policy.thompson_evidence import ThompsonEvidence
-from specctl.policy.thompson_state import JointProfiles, load_evidence, policy_state, read_state
-from specctl.policy.truncated import nonnegative_draws
+from specctl.policy.thompson_state import load_evidence, policy_state, read_state
 from specctl.steps import StepBatch
 
-# a bucket's joint choice is worked out again after this many of its steps (or when its
-# classes change): it moves with the evidence, which a handful of steps barely moves
-_JOINT_REFRESH_STEPS = 16
-_MAX_SPEEDUP_OF_DRAW = 2.0
-# correlation of the standard normal draws of one drafter's positions
-_POSITION_CORRELATION = 0.7
 
-
-@dataclass(frozen=True)
-class SpecctlConfig:
-    """Parameters of :class:`SpecctlPolicy` (all optional)."""
-
-    discount: float = 0.999
-    recent_discount: float = 0.99
-    change_z: float = 5.0
-    change_min_shift: float = 0.1
-    cost_discount: float = 0.999
-    probe_budget: float = 0.02
-    switch_off_confidence: float = 0.95
-    switch_on_confidence: float = 0.8
-    prior_arm: str | None = None
-    cold_start_rounds: float = 200.0
-    prior_acceptance: float = 0.6
-    prior_strength: float = 4.0
-    max_rounds: float = 5000.0
-    model_rounds: float = 200.0
-    prior_step_s: float = 0.02
-    prior_token_s: float = 2e-5
-    prior_cost_spread: float = 0.3
-    num_samples: int = 256
-    seed: int = 0
-    load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
-    max_classes: int = 256
-    max_drafters: int = 4
-
-    def __post_init__(self) -> None:
-        checked: dict[str, Any] = {
-            "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
-            "recent_discount": real(
-                "recent_discount", self.recent_discount, 0.5, 1.0, lo_open=True
-            ),
-            "change_z": real("change_z", self.change_z, 1.0, 1e6),
-            "change_min_shift": real("change_min_shift", self.change_min_shift, 0.0, 1.0),
-            "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
-            "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
-            "switch_off_confidence": real(
-                "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
-            ),
-            "switch_on_confidence": real(
-                "switch_on_confidence", self.switch_on_confidence, 0.0, 1.0, hi_open=True
-            ),
-            "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
-            "prior_acceptance": real(
-                "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
-            ),
-            "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
-            "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
-            "model_rounds": real("model_rounds", self.model_rounds, 0.0, 1e12),
-            "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
-            "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
-            "prior_cost_spread": real(
-                "prior_cost_spread", self.prior_cost_spread, 0.0, 1e6, lo_open=True
-            ),
-            "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
-            "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
-            "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
-            "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
-            "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
-        }
-        if checked["recent_discount"] > checked["discount"]:
-            raise ValueError(
-                f"recent_discount={self.recent_discount!r} must not exceed "
-                f"discount={self.discount!r}: the recent window is the shorter memory"
-            )
-        if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
-            raise ValueError(
-                f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
-                f"switch_off_confidence={self.switch_off_confidence!r}"
-            )
-        if self.prior_arm is not None:
-            if not isinstance(self.prior_arm, str):
-                raise ValueError(f"prior_arm={self.prior_arm!r} must be an arm name")
-            try:
-                parse_arm(self.prior_arm)
-            except ArmError as exc:
-                raise ValueError(f"prior_arm: {exc}") from None
-        for name, value in checked.items():
-            object.__setattr__(self, name, value)
-
-
-@dataclass(frozen=True)
-class _Samples:
-    """Posterior draws for one context: shape (num_samples, num_arms) each."""
-
-    goodput: np.ndarray
-    tokens: np.ndarray
-    step_time_s: np.ndarray
-
-    def prob_best(self) -> np.ndarray:
-        best = np.argmax(self.goodput, axis=1)
-        return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
-
-
-class SpecctlPolicy(Policy):
+class SpecctlPolicy(PosteriorDraws, Policy):
     """Censored acceptance x measured cost, Thompson probabilities, switch-off with probes."""
 
     policy_name = "specctl"
@@ -262,29 +145,7 @@ class SpecctlPolicy(Policy):
         # contexts switched off (learned), and the versions each was last observed at
         self.switch_off = SwitchOff(cfg.switch_off_confidence, cfg.switch_on_confidence)
         self._observed: dict[tuple[str, int], tuple[int, ...]] = {}
-        self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
-        self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
-        # a read cache: per bucket, the joint goodput draws of its classes
-        self._joint: dict[int, tuple[tuple[Any, ...], dict[int, _Samples]]] = {}
-        # learned: per bucket, (arms and classes, its steps then, best joint choice per draw)
-        self._profiles: JointProfiles = {}
-        # posterior draws are computed in float32: twice as fast, and far more precise
-        # than the Monte Carlo error of num_samples draws
-        rng = np.random.default_rng(cfg.seed)
-        self._z_acceptance = rng.standard_normal(
-            (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
-        )
-        self._z_cost = rng.standard_normal((cfg.num_samples, cost.num_features), dtype=np.float32)
-        self._z_arm_tokens = rng.standard_normal(
-            (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
-        )
-        # A drafter's positions are drawn correlated: a draft that matches the target at
-        # one position tends to at the next. Independent draws make "every position high"
-        # all but impossible under the prior, so long drafts of a drafter a class has not
-        # run look far worse than they may be, and it is never tried.
-        common = rng.standard_normal((cfg.num_samples, cfg.max_drafters, 1), dtype=np.float32)
-        rho = _POSITION_CORRELATION
-        self._z_acceptance = np.sqrt(rho) * common + np.sqrt(1.0 - rho) * self._z_acceptance
+        self._start_draws(cfg, cost)
         self.set_arms([OFF])
 
     @classmethod
@@ -301,49 +162,12 @@ class SpecctlPolicy(Policy):
                     f"specctl policy: drafter {arm.drafter!r} exceeds max_drafters="
                     f"{self.config.max_drafters} (known: {sorted(self.learned.drafter_slot)})"
                 )
-        # off first, then each drafter's arms by K: the cost envelope below relies on it
+        # off first, then each drafter's arms by K: the draws' cost envelope relies on it
         drafter_slot = self.learned.drafter_slot
         spec = sorted(offered[1:], key=lambda a: (drafter_slot[a.drafter], a.k))
         offered = [OFF, *spec]
         self._arms = tuple(offered)
-        slots = sorted({drafter_slot[a.drafter] for a in spec})
-        self._drafters = np.array(slots, dtype=np.int64)
-        position = {s: i for i, s in enumerate(slots)}
-        self._max_k = max((a.k for a in spec), default=0)
-        self._arm_k = np.array([a.k for a in offered], dtype=np.int64)
-        self._arm_drafter_slot = np.array(
-            [-1, *(drafter_slot[a.drafter] for a in spec)], dtype=np.int64
-        )
-        km = self._max_k
-        cfg_samples = self.config.num_samples
-        width = len(slots) * km
-        self._z_negated = -self._z_acceptance[:, self._drafters, :km].reshape(cfg_samples, width)
-        # _cumulative_negated sums -(values at positions 1..j) within each drafter's block;
-        # _arm_positions sums reach probabilities 1..K of each arm's drafter
-        block = np.triu(np.full((km, km), -1.0, dtype=np.float32))
-        self._cumulative_negated = np.kron(np.eye(len(slots), dtype=np.float32), block)
-        self._arm_positions = np.zeros((width, len(spec)), dtype=np.float32)
-        for i, arm in enumerate(spec):
-            start = position[drafter_slot[arm.drafter]] * km
-            self._arm_positions[start : start + arm.k, i] = 1.0
-        # per drafter, off's column then the drafter's columns by K
-        self._k_chains = [
-            np.array([0, *(i for i, a in enumerate(offered) if a.drafter == d)], dtype=np.int64)
-            for d in dict.fromkeys(a.drafter for a in spec)
-        ]
-        # cost features of each arm run by a whole batch of B requests with e extra tokens:
-        # one + B * batch + e * extra (see cost.arm_features)
-        nd = self.config.max_drafters
-        k = self._arm_k.astype(np.float64)
-        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd)
-        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd)
-        self._feature_batch -= self._feature_one
-        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd)
-        self._feature_extra -= self._feature_one
-        self._arm_names = tuple(a.name for a in offered)
-        self._arm_chain = np.full(len(offered), -1, dtype=np.int64)
-        for j, chain in enumerate(self._k_chains):
-            self._arm_chain[chain[1:]] = j
+        self._lay_out_arms(offered, spec)
         self._prior_index = self._prior_arm_index()
         self._arms_version = self._next_tick()
 
@@ -480,7 +304,7 @@ class SpecctlPolicy(Policy):
             )
         return Decision(arms, probs / probs.sum(), explanation)
 
-    def _probe_distribution(self, samples: _Samples) -> np.ndarray | None:
+    def _probe_distribution(self, samples: ContextDraws) -> np.ndarray | None:
         """How a switched-off context's probes spread over the speculative arms.
 
         Each arm gets its posterior probability of being the best speculative
@@ -495,208 +319,6 @@ class SpecctlPolicy(Policy):
         best = np.argmax(spec, axis=1) + 1
         probe = np.bincount(best, minlength=len(self._arms)).astype(np.float64)
         return probe / probe.sum()
-
-    def _samples(self, slot: int | None, bucket: int) -> _Samples:
-        if slot is not None:
-            joint = self._joint_samples(bucket)
-            if slot in joint:
-                return joint[slot]
-        tokens = self._token_samples(slot)
-        batch_size, step_time, _ = self._step_time_samples(bucket)
-        goodput = tokens / step_time
-        goodput *= batch_size
-        return _Samples(goodput, tokens, step_time)
-
-    def _step_time_samples(self, bucket: int) -> tuple[float, np.ndarray, np.ndarray]:
-        """The bucket's batch size, draws of step time, (num_samples, arms), and the part
-        of each arm's step time that is batch-wide drafting (see cost); cached."""
-        version = (int(self._bucket_version[bucket]), self._arms_version)
-        cached = self._step_times.get(bucket)
-        if cached is not None and cached[0] == version:
-            return cached[1], cached[2], cached[3]
-        batch_size = self.learned.load.batch_size(bucket)
-        extra = self.learned.load.extra_tokens(bucket)
-        # a step in which the whole batch ran each offered arm (see cost.arm_features)
-        features = self._feature_one + batch_size * self._feature_batch
-        features += extra * self._feature_extra
-        theta_mean, factor = self.learned.cost.posterior(
-            bucket, self.learned.typical_features(bucket)
-        )
-        theta = self._z_cost @ factor.T.astype(np.float32)
-        theta += theta_mean.astype(np.float32)
-        step_time = theta @ features.T.astype(np.float32)
-        # each speculative arm's extra step time over off is drawn from its Gaussian
-        # posterior conditioned on being >= 0 (see truncated): speculation never makes a
-        # step cheaper, and clipping at off instead would make an arm free in every draw
-        # that says it is cheaper, where a hair of extra tokens then beats off
-        for chain in self._k_chains:
-            spec = chain[1:]
-            extra = features[spec] - features[0]
-            scale = extra @ factor
-            sd = np.maximum(np.sqrt((scale * scale).sum(axis=1)), 1e-12)
-            z = self._z_cost.astype(np.float64) @ (scale / sd[:, None]).T
-            step_time[:, spec] = step_time[:, :1] + nonnegative_draws(extra @ theta_mean, sd, z)
-        # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
-        # posterior mean: the Gaussian posterior knows nothing of step times being positive
-        floor = np.maximum(features @ theta_mean / _MAX_SPEEDUP_OF_DRAW, MIN_STEP_TIME_S)
-        np.maximum(step_time, floor.astype(np.float32), out=step_time)
-        # each draw's step time never decreases with K: a monotone envelope rather than
-        # clipped coefficients, which would break the cancellations between correlated
-        # coefficients and inflate long drafts' cost
-        for chain in self._k_chains:
-            step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
-        # the drafter's passes for the whole batch: batch size x K x its batch-wide cost
-        batch_wide = np.zeros_like(step_time)
-        spec = self._arm_drafter_slot[1:]
-        slope = np.maximum(theta[:, 4 + FEATURES_PER_DRAFTER * spec], 0.0)
-        second = np.maximum(theta[:, 5 + FEATURES_PER_DRAFTER * spec], 0.0)
-        k = self._arm_k[1:]
-        batch_wide[:, 1:] = slope * (batch_size * k).astype(np.float32)
-        batch_wide[:, 1:] += second * (batch_size * (k >= 2)).astype(np.float32)
-        np.minimum(batch_wide, step_time - step_time[:, :1], out=batch_wide)
-        self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
-        return batch_size, step_time, batch_wide
-
-    def _joint_samples(self, bucket: int) -> dict[int, _Samples]:
-        """Per class slot sharing the bucket's batches, the engine's goodput draws for each
-        of its arms while the other classes run their part of the best joint choice.
-
-        Classes in one batch share its step: a class's long drafts lengthen the step
-        for every request in it, and a model drafter proposes the step's largest K for
-        the whole batch whatever each class verifies. Deciding each class as if it
-        were the whole batch then lets one class buy a gain that the others pay for
-        (a greedy class at K=4 next to two classes that accept little runs slower in
-        total than no speculation). So, per posterior draw, the joint choice that
-        maximises the batch's committed tokens per second (:meth:`_refresh_joint`) is
-        kept, and each class's goodput draws are those of its arms while the others run
-        their part of it: Thompson sampling over joint choices, read per class.
-        """
-        members = self.learned.mix_members(bucket)
-        if members.shape[0] < 2 or len(self._arms) < 2:
-            return {}
-        profile = self._profiles.get(bucket)
-        key = (self._arm_names, tuple(int(m) for m in members))
-        versions = (
-            int(self._bucket_version[bucket]),
-            self._arms_version,
-            tuple(int(v) for v in self._class_version[members]),
-            profile[1] if profile is not None else -1,
-        )
-        cached = self._joint.get(bucket)
-        if cached is not None and cached[0] == versions:
-            return cached[1]
-        game, tokens = self._joint_game(bucket, members)
-        if profile is not None and profile[0] == key:
-            best = profile[2]
-        else:  # classes the last update did not see together yet
-            best = game.best(tokens)
-        out: dict[int, _Samples] = {}
-        game.start(best)
-        for i, m in enumerate(members):
-            goodput, step = game.response(i)
-            out[int(m)] = _Samples(
-                goodput.astype(np.float32), tokens[i].astype(np.float32), step.astype(np.float32)
-            )
-        self._joint[bucket] = (versions, out)
-        return out
-
-    def _refresh_joint(self, bucket: int) -> None:
-        """Work out the bucket's best joint choice per draw again, after an update, when
-        its classes changed or ``_JOINT_REFRESH_STEPS`` of its steps have passed: the
-        choice moves with the evidence, which a handful of steps barely moves, and the
-        search costs a few milliseconds."""
-        members = self.learned.mix_members(bucket)
-        if members.shape[0] < 2 or len(self._arms) < 2:
-            self._profiles.pop(bucket, None)
-            return
-        key = (self._arm_names, tuple(int(m) for m in members))
-        steps = int(self.learned.bucket_steps[bucket])
-        profile = self._profiles.get(bucket)
-        if profile is not None and profile[0] == key and steps - profile[1] < _JOINT_REFRESH_STEPS:
-            return
-        game, tokens = self._joint_game(bucket, members)
-        self._profiles[bucket] = (key, steps, game.best(tokens))
-
-    def _joint_game(self, bucket: int, members: np.ndarray) -> tuple[JointChoice, list]:
-        batch_size, step_time, batch_wide = self._step_time_samples(bucket)
-        off = step_time[:, 0].astype(np.float64)
-        per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
-        per_request /= batch_size
-        share = self.learned.mix[bucket, members]
-        count = batch_size * share / share.sum()
-        tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
-        game = JointChoice(
-            off,
-            per_request,
-            batch_wide.astype(np.float64),
-            self._arm_chain,
-            len(self._k_chains),
-            count,
-            tokens,
-            step_time,
-        )
-        return game, tokens
-
-    def _token_samples(self, slot: int | None) -> np.ndarray:
-        """Draws of committed tokens per round, (num_samples, arms); cached per class."""
-        version = (int(self._class_version[slot]) if slot is not None else -1, self._arms_version)
-        cached = self._tokens.get(slot)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        alpha, beta = self.learned.acceptance.posterior(slot, self._drafters, self._max_k)
-        n = (alpha + beta).ravel()
-        mean = alpha.ravel() / n
-        sd = 1.0 / np.sqrt((n + 1.0) * mean * (1.0 - mean))
-        # each position's rate drawn as logistic(logit(mean) + sd * z); t below is
-        # -log(rate) = log1p(exp(-logit(mean) - sd * z))
-        t = self._z_negated * sd.astype(np.float32)
-        t += (np.log1p(-mean) - np.log(mean)).astype(np.float32)
-        np.exp(t, out=t)
-        np.log1p(t, out=t)
-        # sums of -log(rate) over positions 1..j, by a matmul with a block-triangular
-        # matrix (much faster than cumsum on short rows), then reach = prod of rates
-        reach = t @ self._cumulative_negated
-        np.exp(reach, out=reach)
-        tokens = np.ones((self.config.num_samples, len(self._arms)), dtype=np.float32)
-        tokens[:, 1:] += reach @ self._arm_positions
-        self._correct_by_arm(slot, tokens)
-        # a longer draft commits at least what its first K tokens would: each drafter's
-        # draws never decrease with K (its own noisy measurement could make them)
-        for chain in self._k_chains:
-            tokens[:, chain[1:]] = np.maximum.accumulate(tokens[:, chain[1:]], axis=1)
-        self._tokens[slot] = (version, tokens)
-        return tokens
-
-    def _correct_by_arm(self, slot: int | None, tokens: np.ndarray) -> None:
-        """Blend each arm's draws with what the arm itself measured, in place.
-
-        The censored model shares acceptance across K, which is what lets one
-        K=5 round inform K=1..4; but where a drafter's acceptance at a
-        position depends on the K it was configured with (block drafters), or
-        requests differ in ways one curve per class does not capture, its
-        prediction for a K is biased however much data it has. So the model's
-        draw weighs as ``model_rounds`` rounds against the arm's own mean
-        accepted drafts over the rounds it ran (drawn from its normal
-        approximation): an arm that ran a lot is judged by its own
-        measurement, an arm that never ran by the model.
-        """
-        w0 = self.config.model_rounds
-        if slot is None or len(self._arms) < 2:
-            return
-        n, mean, var = self.learned.acceptance.arm_posterior(slot, self._drafters, self._max_k)
-        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
-        spec = self._arms[1:]
-        rows = np.array([drafter_index[self.learned.drafter_slot[a.drafter]] for a in spec])
-        ks = np.array([a.k - 1 for a in spec])
-        n_arm = n[rows, ks]
-        if not (n_arm > 0).any():
-            return
-        # the variance of a mean of correlated rounds: at least that of 1/4 as many rounds
-        sd = np.sqrt((var[rows, ks] + 0.05) / np.maximum(n_arm, 1.0) * 4.0)
-        z = self._z_arm_tokens[:, self._drafters[rows], ks]
-        direct = 1.0 + mean[rows, ks] + sd * z
-        weight = (n_arm / (n_arm + w0)).astype(np.float32)
-        tokens[:, 1:] = (1.0 - weight) * tokens[:, 1:] + weight * direct.astype(np.float32)
 
     # -- explaining -----------------------------------------------------------
 

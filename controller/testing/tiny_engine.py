@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specctl.bench.processes import SCHEDULER_CLS
+from specctl.bench.vllm_server import SCHEDULER_CLS
 
 NGRAM: dict[str, Any] = {
     "method": "ngram",

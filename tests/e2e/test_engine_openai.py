@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from engine_support import VLLM_ENV, SidecarProcess, free_port
 
-from specctl.bench.processes import SCHEDULER_CLS
+from specctl.bench.vllm_server import SCHEDULER_CLS
 from specctl.testing.tiny_engine import NGRAM
 
 pytestmark = pytest.mark.vllm

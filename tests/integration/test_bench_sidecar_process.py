@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specctl.api import pb
-from specctl.bench.processes import SidecarProcess
+from specctl.bench.sidecar_process import SidecarProcess
 from specctl.testing.scripted_engine import ScriptedEngine, hello
 
 

@@ -17,7 +17,8 @@ from specctl.arms import OFF, Arm, arms_for, parse_arm
 from specctl.engine.policy_view import compile_policy
 from specctl.policy.acceptance import AcceptanceModel, expected_tokens
 from specctl.policy.registry import make_policy
-from specctl.policy.thompson import SpecctlConfig, SpecctlPolicy, tracking_bound_steps
+from specctl.policy.thompson import SpecctlPolicy, tracking_bound_steps
+from specctl.policy.thompson_config import SpecctlConfig
 from specctl.policy.truncated import nonnegative_draws
 from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.steps import StepRecord

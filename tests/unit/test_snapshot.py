@@ -228,7 +228,7 @@ def test_learning_reports_together_equals_learning_them_one_by_one() -> None:
     Without forgetting (discount 1) the sufficient statistics are equal; with
     it, rows of one round are decayed together, as the steps of one report are.
     """
-    from specctl.policy.thompson import SpecctlConfig
+    from specctl.policy.thompson_config import SpecctlConfig
 
     params = {
         name: value

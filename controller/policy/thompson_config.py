@@ -1,0 +1,100 @@
+"""specctl's policy parameters, each checked against its range when the configuration is built.
+
+:meth:`SpecctlPolicy.from_params <specctl.policy.thompson.SpecctlPolicy.from_params>`
+builds a :class:`SpecctlConfig` from a sidecar's ``[policy] params`` through
+:func:`specctl.policy.params.parse_config`: a value out of range, or two
+parameters that contradict each other, is refused with the parameter named
+before a policy is built. What each parameter does is told where it acts, in
+:mod:`specctl.policy.thompson` and the modules it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specctl.arms import ArmError, parse_arm
+from specctl.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, integer, real
+
+
+@dataclass(frozen=True)
+class SpecctlConfig:
+    """Parameters of :class:`~specctl.policy.thompson.SpecctlPolicy` (all optional)."""
+
+    discount: float = 0.999
+    recent_discount: float = 0.99
+    change_z: float = 5.0
+    change_min_shift: float = 0.1
+    cost_discount: float = 0.999
+    probe_budget: float = 0.02
+    switch_off_confidence: float = 0.95
+    switch_on_confidence: float = 0.8
+    prior_arm: str | None = None
+    cold_start_rounds: float = 200.0
+    prior_acceptance: float = 0.6
+    prior_strength: float = 4.0
+    max_rounds: float = 5000.0
+    model_rounds: float = 200.0
+    prior_step_s: float = 0.02
+    prior_token_s: float = 2e-5
+    prior_cost_spread: float = 0.3
+    num_samples: int = 256
+    seed: int = 0
+    load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
+    max_classes: int = 256
+    max_drafters: int = 4
+
+    def __post_init__(self) -> None:
+        checked: dict[str, Any] = {
+            "discount": real("discount", self.discount, 0.5, 1.0, lo_open=True),
+            "recent_discount": real(
+                "recent_discount", self.recent_discount, 0.5, 1.0, lo_open=True
+            ),
+            "change_z": real("change_z", self.change_z, 1.0, 1e6),
+            "change_min_shift": real("change_min_shift", self.change_min_shift, 0.0, 1.0),
+            "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
+            "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
+            "switch_off_confidence": real(
+                "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
+            ),
+            "switch_on_confidence": real(
+                "switch_on_confidence", self.switch_on_confidence, 0.0, 1.0, hi_open=True
+            ),
+            "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
+            "prior_acceptance": real(
+                "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
+            ),
+            "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
+            "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
+            "model_rounds": real("model_rounds", self.model_rounds, 0.0, 1e12),
+            "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
+            "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
+            "prior_cost_spread": real(
+                "prior_cost_spread", self.prior_cost_spread, 0.0, 1e6, lo_open=True
+            ),
+            "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
+            "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
+            "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
+            "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
+            "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
+        }
+        if checked["recent_discount"] > checked["discount"]:
+            raise ValueError(
+                f"recent_discount={self.recent_discount!r} must not exceed "
+                f"discount={self.discount!r}: the recent window is the shorter memory"
+            )
+        if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
+            raise ValueError(
+                f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
+                f"switch_off_confidence={self.switch_off_confidence!r}"
+            )
+        if self.prior_arm is not None:
+            if not isinstance(self.prior_arm, str):
+                raise ValueError(f"prior_arm={self.prior_arm!r} must be an arm name")
+            try:
+                parse_arm(self.prior_arm)
+            except ArmError as exc:
+                raise ValueError(f"prior_arm: {exc}") from None
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
