@@ -34,6 +34,15 @@ window within tens of steps, instead of after the long memory decays. The
 caps remain because rounds of one step, and successive rounds of one
 request, are correlated: the long cap bounds how certain a busy class can
 become, the recent cap keeps the window short in steps.
+
+The fleet's evidence. Replicas that share what they learn
+(:mod:`specctl.policy.shared`) hand this model the sum of the others' long
+counts, which it keeps apart from its own (:meth:`AcceptanceModel.set_shared`):
+only its own counts are decayed by its steps, capped, compared for change
+and shared in turn, so nothing is counted twice and nothing is decayed
+twice, and a member that leaves the fleet leaves the sum. The posterior reads
+its own counts plus a weighted share of the fleet's
+(:meth:`AcceptanceModel.weigh_shared`).
 """
 
 from __future__ import annotations
@@ -84,6 +93,15 @@ class AcceptanceModel:
         self.arm_stats = np.zeros((num_classes, num_drafters, 3, MAX_K + 1))
         # all request-rounds of the class, speculative or not (for cold start)
         self.rounds = np.zeros(num_classes)
+        # the fleet's evidence by this model's slots (set_shared), never added into the
+        # arrays above, and the weight each (class, drafter) block of it gets now
+        self.shared_counts = np.zeros_like(self.counts)
+        self.shared_arm_stats = np.zeros_like(self.arm_stats)
+        self.shared_rounds = np.zeros(num_classes)
+        self.shared_weight = np.zeros((num_classes, num_drafters))
+        # per class: 1 unless a block of it sets the fleet's evidence aside (cold start)
+        self.shared_class_weight = np.zeros(num_classes)
+        self.has_shared = False
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything learned, by its key in a policy's state: the live arrays, not copies."""
@@ -224,6 +242,10 @@ class AcceptanceModel:
         if class_slot is None:
             return np.zeros(shape), np.zeros(shape), np.zeros(shape)
         stats = self.arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
+        if self.has_shared:
+            weight = self.shared_weight[class_slot, drafter_slots][:, None, None]
+            shared = self.shared_arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
+            stats = stats + weight * shared
         n = stats[:, 0]
         safe = np.maximum(n, 1e-12)
         mean = stats[:, 1] / safe
@@ -250,6 +272,60 @@ class AcceptanceModel:
         moved &= n_r >= _MIN_RECENT_OBSERVATIONS
         return np.asarray(moved.any(axis=-1))
 
+    # -- the fleet's evidence -------------------------------------------------
+
+    def set_shared(self, counts: np.ndarray, arm_stats: np.ndarray, rounds: np.ndarray) -> None:
+        """Replace the fleet's evidence: arrays shaped like :attr:`counts`,
+        :attr:`arm_stats` and :attr:`rounds`, by this model's slots (zeros where the
+        fleet has none), summed over the other replicas."""
+        self.shared_counts[...] = counts
+        self.shared_arm_stats[...] = arm_stats
+        self.shared_rounds[...] = rounds
+        self.has_shared = bool(rounds.any() or counts.any() or arm_stats.any())
+        self.weigh_shared(np.arange(self.counts.shape[0]))
+
+    def weigh_shared(self, class_slots: np.ndarray) -> None:
+        """How much of the fleet's evidence each (class, drafter) block of ``class_slots``
+        takes into its posterior, after the fleet's evidence or this replica's changed.
+
+        The fleet's counts fill in what this replica has not seen, up to the
+        ``max_rounds`` cap its own long counts have: rounds of one step and of one
+        request are correlated, a hundred replicas' no less than one's, so the
+        cap bounds how certain a class can become however many replicas run it.
+        A new replica then decides on the fleet's evidence and a busy one on its
+        own. And where the fleet's rate at a position differs from this replica's
+        recent window by the change test's margin (``change_min_shift`` and
+        ``change_z`` standard errors), the block takes none of it: the workload
+        changed here first (or differs here), and the fleet's older evidence must
+        not outvote what this replica sees now, nor hide the change from its
+        detection. The block takes the fleet's evidence again once the two agree,
+        as the other members detect the change and their contributions follow.
+        """
+        if not self.has_shared:
+            self.shared_weight[class_slots] = 0.0
+            self.shared_class_weight[class_slots] = 0.0
+            return
+        shared = self.shared_counts[class_slots]
+        n_shared = shared[..., 0, 0] + shared[..., 1, 0]
+        own = self.counts[class_slots]
+        room = self.max_rounds - (own[..., 0, 0] + own[..., 1, 0])
+        weight = np.clip(room / np.maximum(n_shared, 1e-12), 0.0, 1.0)
+        weight[n_shared <= 0.0] = 0.0
+        disagree = np.zeros(weight.shape, dtype=bool)
+        if self.recent_discount is not None:
+            disagree = self._changed(shared, self.recent[class_slots])
+            weight[disagree] = 0.0
+        self.shared_weight[class_slots] = weight
+        has_rounds = self.shared_rounds[class_slots] > 0.0
+        self.shared_class_weight[class_slots] = np.where(
+            disagree.any(axis=1) | ~has_rounds, 0.0, 1.0
+        )
+
+    def total_rounds(self, class_slot: int) -> float:
+        """The class's request-rounds, its own and the share of the fleet's it merges."""
+        shared = self.shared_rounds[class_slot] * self.shared_class_weight[class_slot]
+        return float(self.rounds[class_slot] + shared)
+
     def posterior(
         self, class_slot: int | None, drafter_slots: np.ndarray, max_k: int
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -258,14 +334,23 @@ class AcceptanceModel:
             shape = (drafter_slots.shape[0], max_k)
             return np.full(shape, self.prior_success), np.full(shape, self.prior_failure)
         c = self.counts[class_slot, drafter_slots, :, :max_k]
+        if self.has_shared:
+            weight = self.shared_weight[class_slot, drafter_slots][:, None, None]
+            c = c + weight * self.shared_counts[class_slot, drafter_slots, :, :max_k]
         return c[:, 0] + self.prior_success, c[:, 1] + self.prior_failure
 
     def reset(self, class_slot: int) -> None:
+        """Forget the class: its own evidence, and the fleet's until the next merge."""
         self.counts[class_slot] = 0.0
         self.recent[class_slot] = 0.0
         self.arm_stats[class_slot] = 0.0
         self.rounds[class_slot] = 0.0
         self.changes[class_slot] = 0
+        self.shared_counts[class_slot] = 0.0
+        self.shared_arm_stats[class_slot] = 0.0
+        self.shared_rounds[class_slot] = 0.0
+        self.shared_weight[class_slot] = 0.0
+        self.shared_class_weight[class_slot] = 0.0
 
 
 def _add_capped(

@@ -60,6 +60,18 @@ long memory (``discount`` per step in the bucket, the policy's
   ``_STEPS_AFTER_CHANGE`` effective steps, so the fit follows the new cost
   instead of averaging it with the old for the length of the memory.
 
+The fleet's evidence. Replicas of identical engines that share what they
+learn (:mod:`specctl.policy.shared`) hand this model the sum of the others'
+statistics, kept apart from its own (:meth:`CostModel.set_shared`): only its
+own are decayed by its steps, scaled down on a change and shared in turn.
+The fit reads its own statistics plus a weighted share of the fleet's
+(:meth:`CostModel.weigh_shared`): they fill in what this replica has not
+seen, up to the length of its own memory, and are set aside from the moment
+its CUSUM detects a change in its own cost until the fleet's fit agrees with
+its own again, so that the fleet's older evidence neither outvotes a change
+seen here first nor keeps the CUSUM firing against a fit that is not this
+engine's.
+
 Non-negative and monotone in K: per posterior draw, the policy draws each
 speculative arm's extra step time over ``off`` from its Gaussian posterior
 conditioned on being >= 0 (:mod:`specctl.policy.truncated`), then takes
@@ -90,6 +102,10 @@ _CUSUM_THRESHOLD = 40.0
 _STEPS_AFTER_CHANGE = 100.0
 # the prior's step-time scale follows the measured mean once this many steps are in
 _MEASURED_SCALE_STEPS = 5.0
+# the fleet's fit agrees with this replica's own when their typical step times differ by
+# at most this share of the step (not a multiple of the noise: right after a change the
+# noise estimate is inflated by the change itself)
+_SHARED_AGREEMENT_SHARE = 0.1
 
 
 # features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
@@ -162,6 +178,15 @@ class CostModel:
         # per bucket: changes in cost detected, steps down-weighted as outliers
         self.changes = np.zeros(num_buckets, dtype=np.int64)
         self.outliers = np.zeros(num_buckets)
+        # the fleet's statistics (set_shared), never added into the arrays above; the
+        # weight each bucket's get now; buckets that set them aside since a change here
+        self.shared_xtx = np.zeros_like(self.xtx)
+        self.shared_xty = np.zeros_like(self.xty)
+        self.shared_yy = np.zeros(num_buckets)
+        self.shared_steps = np.zeros(num_buckets)
+        self.shared_weight = np.zeros(num_buckets)
+        self.shared_held = np.zeros(num_buckets, dtype=bool)
+        self.has_shared = False
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything learned, by its key in a policy's state: the live arrays, not copies."""
@@ -206,7 +231,7 @@ class CostModel:
             x1 = x[i]
             y = float(step_time_s[i])
             weight = 1.0
-            if self.fitted[b] and self.steps[b] >= _ROBUST_AFTER_STEPS:
+            if self.fitted[b] and self._sums(b)[3] >= _ROBUST_AFTER_STEPS:
                 spread = x1 @ self.fit_factor[b]
                 sigma = math.sqrt(float(self.noise_var[b]) + float(spread @ spread))
                 z = (y - float(x1 @ self.fit[b])) / sigma
@@ -232,15 +257,28 @@ class CostModel:
             self.yy[b] *= keep
             self.steps[b] *= keep
             self.changes[b] += 1
+            # this engine's cost moved: the fleet's evidence waits until it agrees again
+            self.shared_held[b] = True
+            self.shared_weight[b] = 0.0
             up = down = 0.0
         self.cusum[b] = (up, down)
 
+    def _sums(self, b: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The bucket's statistics the fit reads: its own, plus its share of the fleet's."""
+        w = float(self.shared_weight[b]) if self.has_shared else 0.0
+        if w == 0.0:
+            return self.xtx[b], self.xty[b], float(self.yy[b]), float(self.steps[b])
+        return (
+            self.xtx[b] + w * self.shared_xtx[b],
+            self.xty[b] + w * self.shared_xty[b],
+            float(self.yy[b] + w * self.shared_yy[b]),
+            float(self.steps[b] + w * self.shared_steps[b]),
+        )
+
     def mean_step_s(self, bucket: int) -> float:
         """The bucket's measured mean step time (the prior's until it has a few steps)."""
-        steps = float(self.steps[bucket])
-        if steps < _MEASURED_SCALE_STEPS:
-            return self.prior_step_s
-        return max(float(self.xty[bucket, 0]) / steps, 1e-6)
+        _, xty, _, steps = self._sums(bucket)
+        return _mean_step_s(xty, steps, self.prior_step_s)
 
     def posterior(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and a factor ``C`` of its covariance: a draw is ``mean + C @ z``.
@@ -256,23 +294,92 @@ class CostModel:
         variance from the residuals at it (with a weak prior), for the next posterior."""
         mean, factor, rss = self._solve(bucket, typical_x)
         sigma0 = 0.1 * self.mean_step_s(bucket)
+        steps = self._sums(bucket)[3]
         self.noise_var[bucket] = (rss + _NOISE_PRIOR_STEPS * sigma0 * sigma0) / (
-            self.steps[bucket] + _NOISE_PRIOR_STEPS
+            steps + _NOISE_PRIOR_STEPS
         )
         self.fit[bucket] = mean
         self.fit_factor[bucket] = factor
         self.fitted[bucket] = True
 
     def _solve(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        step_s = self.mean_step_s(bucket)
+        xtx, xty, yy, steps = self._sums(bucket)
+        return self._solve_sums(xtx, xty, yy, steps, float(self.noise_var[bucket]), typical_x)
+
+    def _solve_sums(
+        self,
+        xtx: np.ndarray,
+        xty: np.ndarray,
+        yy: float,
+        steps: float,
+        sigma2: float,
+        typical_x: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        step_s = _mean_step_s(xty, steps, self.prior_step_s)
         scale = self.prior_spread * step_s / np.maximum(np.abs(typical_x), 1.0)
         prior_precision = 1.0 / (scale * scale)
-        sigma2 = float(self.noise_var[bucket])
-        xtx, xty = self.xtx[bucket], self.xty[bucket]
         precision = xtx / sigma2
         precision[np.diag_indices_from(precision)] += prior_precision
         # precision = L L^T: the covariance is L^-T L^-1, and a draw mean + L^-T z
         l_inv = np.linalg.inv(np.linalg.cholesky(precision))
         mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
-        rss = max(float(self.yy[bucket] - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
+        rss = max(float(yy - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
         return mean, l_inv.T, rss
+
+    # -- the fleet's evidence -------------------------------------------------
+
+    def set_shared(
+        self, xtx: np.ndarray, xty: np.ndarray, yy: np.ndarray, steps: np.ndarray
+    ) -> None:
+        """Replace the fleet's statistics: arrays shaped like this model's, in its feature
+        layout, summed over the other replicas. :meth:`weigh_shared` then weighs each
+        bucket's, and :meth:`refresh` fits with them."""
+        self.shared_xtx[...] = xtx
+        self.shared_xty[...] = xty
+        self.shared_yy[...] = yy
+        self.shared_steps[...] = steps
+        self.has_shared = bool(steps.any())
+
+    def weigh_shared(self, bucket: int, typical_x: np.ndarray) -> None:
+        """How much of the fleet's statistics the bucket's fit takes, after the fleet's
+        statistics or this replica's changed.
+
+        They fill in what this replica has not seen, up to the length of its
+        memory (``1 / (1 - discount)`` steps, where its own statistics settle):
+        a new replica fits on the fleet's steps, a busy one on its own. A bucket
+        whose CUSUM detected a change here takes none of them until the fleet's
+        own fit and this replica's own predict a typical step within
+        ``_SHARED_AGREEMENT_SHARE`` of each other.
+        """
+        b = bucket
+        if not self.has_shared or self.shared_steps[b] <= 0.0:
+            self.shared_weight[b] = 0.0
+            return
+        if self.shared_held[b]:
+            sigma2 = float(self.noise_var[b])
+            own, _, _ = self._solve_sums(
+                self.xtx[b], self.xty[b], float(self.yy[b]), float(self.steps[b]), sigma2, typical_x
+            )
+            fleet, _, _ = self._solve_sums(
+                self.shared_xtx[b],
+                self.shared_xty[b],
+                float(self.shared_yy[b]),
+                float(self.shared_steps[b]),
+                sigma2,
+                typical_x,
+            )
+            step = float(typical_x @ own)
+            if abs(float(typical_x @ fleet) - step) > _SHARED_AGREEMENT_SHARE * abs(step):
+                self.shared_weight[b] = 0.0
+                return
+            self.shared_held[b] = False
+        memory = 1.0 / (1.0 - self.discount) if self.discount < 1.0 else math.inf
+        room = memory - float(self.steps[b])
+        self.shared_weight[b] = min(max(room / float(self.shared_steps[b]), 0.0), 1.0)
+
+
+def _mean_step_s(xty: np.ndarray, steps: float, prior_step_s: float) -> float:
+    """Measured mean step time from regression sums (the prior's until a few steps)."""
+    if steps < _MEASURED_SCALE_STEPS:
+        return prior_step_s
+    return max(float(xty[0]) / steps, 1e-6)

@@ -4,6 +4,8 @@ A decision is made per load bucket, but costs and batch-size tables speak in
 batch sizes. Each bucket's representative batch size is the discounted mean
 of the batch sizes its steps actually had, starting from the middle of the
 bucket's range (twice the last bound for the open-ended last bucket).
+Replicas that share what they learn add the fleet's sums, weighted as the
+bucket's cost statistics are (:meth:`BucketLoad.set_shared`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class BucketLoad:
         self.steps = np.zeros(self.num_buckets)
         self.batch_sum = np.zeros(self.num_buckets)
         self.extra_tokens_sum = np.zeros(self.num_buckets)
+        # the fleet's sums (set_shared), never added into the arrays above, and their weight
+        self.shared_steps = np.zeros(self.num_buckets)
+        self.shared_batch_sum = np.zeros(self.num_buckets)
+        self.shared_extra_tokens_sum = np.zeros(self.num_buckets)
+        self.shared_weight = np.zeros(self.num_buckets)
 
     def update(self, batch: StepBatch, decode_tokens: np.ndarray) -> np.ndarray:
         """Learn from ``batch``; ``decode_tokens[i]`` is 1 + drafted summed over step i's rows.
@@ -63,13 +70,27 @@ class BucketLoad:
         )
         return bucket
 
+    def set_shared(
+        self, steps: np.ndarray, batch_sum: np.ndarray, extra_tokens_sum: np.ndarray
+    ) -> None:
+        """Replace the fleet's sums (summed over the other replicas, per bucket)."""
+        self.shared_steps[...] = steps
+        self.shared_batch_sum[...] = batch_sum
+        self.shared_extra_tokens_sum[...] = extra_tokens_sum
+
     def batch_size(self, bucket: int) -> float:
         w = self.PRIOR_STEPS
-        return float((self.batch_sum[bucket] + w * self.prior[bucket]) / (self.steps[bucket] + w))
+        shared = self.shared_weight[bucket]
+        batch_sum = self.batch_sum[bucket] + shared * self.shared_batch_sum[bucket]
+        steps = self.steps[bucket] + shared * self.shared_steps[bucket]
+        return float((batch_sum + w * self.prior[bucket]) / (steps + w))
 
     def extra_tokens(self, bucket: int) -> float:
         """Mean tokens per step that are not decode tokens (prefill chunks)."""
-        return float(self.extra_tokens_sum[bucket] / (self.steps[bucket] + self.PRIOR_STEPS))
+        shared = self.shared_weight[bucket]
+        extra = self.extra_tokens_sum[bucket] + shared * self.shared_extra_tokens_sum[bucket]
+        steps = self.steps[bucket] + shared * self.shared_steps[bucket]
+        return float(extra / (steps + self.PRIOR_STEPS))
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything learned, by its key in a policy's state: the live arrays, not copies."""

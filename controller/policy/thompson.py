@@ -74,6 +74,13 @@ request-rounds runs ``prior_arm`` (for example the engine's configured K)
 with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
 distribution, so a new class does not start by exploring wildly.
 
+Fleet. Replicas of one model can share what they learn
+(:mod:`specctl.policy.shared`): :meth:`SpecctlPolicy.contribution` is this
+replica's own evidence, and :meth:`SpecctlPolicy.merge_shared` takes the sum
+of the others', which the models keep apart from their own and weigh into
+the posterior; the decision rule above is unchanged, it reads a posterior
+that rests on more evidence.
+
 This module is the decision rule and the order of learning: its parameters are
 :class:`~specctl.policy.thompson_config.SpecctlConfig`; the evidence it decides
 from is kept and updated by :mod:`specctl.policy.thompson_evidence`, drawn from
@@ -95,6 +102,7 @@ from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.cost import CostModel
 from specctl.policy.load import BucketLoad
 from specctl.policy.params import parse_config
+from specctl.policy.shared import MergeReport, SharedEvidence
 from specctl.policy.state import PolicyState, StateValue
 from specctl.policy.switch_off import SwitchOff
 from specctl.policy.thompson_config import SpecctlConfig
@@ -232,6 +240,25 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         if workload_class in self.learned.class_slot:
             self._forget_decisions(workload_class, self.learned.forget(workload_class))
 
+    # -- the fleet ------------------------------------------------------------
+
+    def contribution(self) -> SharedEvidence:
+        """This replica's own evidence, to share with the fleet (a read)."""
+        return self.learned.contribution()
+
+    def merge_shared(self, shared: SharedEvidence | None) -> MergeReport:
+        """Decide from the fleet's evidence ``shared`` (the sum of the other replicas'
+        contributions) as well as this replica's own, in place of what was merged
+        before; None merges nothing. What the merge had to leave out."""
+        update = self.learned.merge_shared(shared)
+        for name, slot in update.forgotten:
+            self._forget_decisions(name, slot)
+        tick = self._next_tick()
+        self._class_version[update.class_slots] = tick
+        self._bucket_version[update.buckets] = tick
+        self._observe_switch_off()
+        return update.left_out
+
     # -- deciding -------------------------------------------------------------
 
     def select_action(self, workload_class: str, load_bucket: int) -> Decision:
@@ -293,7 +320,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         mode = int(np.argmax(probs))
         explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
         prior = self._prior_index
-        rounds = float(self.learned.acceptance.rounds[slot]) if slot is not None else 0.0
+        rounds = self.learned.acceptance.total_rounds(slot) if slot is not None else 0.0
         if prior is not None and rounds < cfg.cold_start_rounds:
             weight = 1.0 - rounds / cfg.cold_start_rounds
             probs = probs * (1.0 - weight)
@@ -326,7 +353,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         decision = self.select_action(workload_class, load_bucket)
         slot = self.learned.class_slot.get(workload_class)
         acceptance_model = self.learned.acceptance
-        rounds = float(acceptance_model.rounds[slot]) if slot is not None else 0.0
+        rounds = acceptance_model.total_rounds(slot) if slot is not None else 0.0
         if len(self._arms) == 1:
             return Evidence(
                 workload_class, load_bucket, rounds=rounds, explanation=decision.explanation
@@ -395,6 +422,9 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         )
         # everything checked: from here on nothing can fail half-way
         load_evidence(self.learned, saved)
+        # the fleet's evidence was placed by the slots the state replaced: it comes back
+        # with the next merge
+        self.learned.clear_shared()
         self.switch_off.contexts = saved.switched_off
         self._decisions.clear()
         self._observed.clear()

@@ -9,6 +9,15 @@ models' arrays, and each bucket's class mix, which tells the classes that
 share its batches (decided together) from those that take turns in it.
 Learning from a report (:meth:`ThompsonEvidence.update`) changes only this;
 :mod:`specctl.policy.thompson_state` saves and restores it.
+
+Replicas that share what they learn exchange the part of it that is a sum of
+decayed statistics, named rather than slotted (:mod:`specctl.policy.shared`):
+:meth:`ThompsonEvidence.contribution` is this replica's own, and
+:meth:`ThompsonEvidence.merge_shared` hands the models the sum of the
+others', which each keeps apart from its own and weighs into its posterior
+(:mod:`specctl.policy.acceptance`, :mod:`specctl.policy.cost`). The class
+mix stays local: which classes share this replica's batches is its own
+traffic's business.
 """
 
 from __future__ import annotations
@@ -18,8 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from specctl.policy.acceptance import AcceptanceModel
-from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel
+from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, num_features
 from specctl.policy.load import BucketLoad
+from specctl.policy.shared import (
+    MergeReport,
+    SharedAcceptance,
+    SharedCost,
+    SharedEvidence,
+    feature_index,
+)
 from specctl.steps import StepBatch
 
 # memory of a load bucket's class mix, per step in the bucket (about 100 steps)
@@ -30,6 +46,8 @@ _MIN_MIX_SHARE = 0.02
 # steps the class runs in (classes that take turns in a bucket share none)
 _MIN_SHARED_SHARE = 0.05
 MAX_JOINT_CLASSES = 16
+# refits of a bucket whose shared statistics moved, at most (see _refit)
+_REFIT_ITERATIONS = 50
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,18 @@ class EvidenceUpdate:
     buckets: np.ndarray
     # classes evicted for the report's new ones, with the slots they held
     evicted: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class SharedUpdate:
+    """What merging the fleet's evidence changed, and what it could not place."""
+
+    # class slots and load buckets whose merged evidence moved
+    class_slots: np.ndarray
+    buckets: np.ndarray
+    # classes known only from the fleet that it no longer has, with the slots they held
+    forgotten: tuple[tuple[str, int], ...]
+    left_out: MergeReport
 
 
 class ThompsonEvidence:
@@ -160,6 +190,8 @@ class ThompsonEvidence:
                 batch.accepted,
                 batch.request_step,
             )
+            if self.acceptance.has_shared:
+                self.acceptance.weigh_shared(class_slots)
             self.last_update[class_slots] = stamp
             decode_tokens = np.bincount(
                 batch.request_step, weights=batch.drafted + 1.0, minlength=s
@@ -191,6 +223,8 @@ class ThompsonEvidence:
         )
         self.cost.update(bucket, features, batch.step_time_s)
         for b in np.unique(bucket).tolist():
+            if self.cost.has_shared:
+                self._weigh_shared_cost(b)
             self.cost.refresh(b, self.typical_features(b))
         return EvidenceUpdate(class_slots, bucket, tuple(evicted))
 
@@ -233,6 +267,221 @@ class ThompsonEvidence:
         self.mix_present += present.reshape(nb, nc)
         self.mix_steps = self.mix_steps * decay + steps
         self.bucket_steps += steps.astype(np.int64)
+
+    # -- the fleet's evidence -------------------------------------------------
+
+    def contribution(self) -> SharedEvidence:
+        """This replica's own evidence, by name (a read: copies, never the fleet's)."""
+        drafters = tuple(sorted(self.drafter_slot, key=self.drafter_slot.__getitem__))
+        nd = len(drafters)
+        acc = self.acceptance
+        slots = [s for s, c in enumerate(self.slot_class) if c is not None and acc.rounds[s] > 0]
+        counts = acc.counts[slots][:, :nd]
+        arm_stats = acc.arm_stats[slots][:, :nd]
+        # positions no round of these reached hold nothing: they are left out
+        used = np.flatnonzero(counts.any(axis=(0, 1, 2)) | arm_stats[..., 1:].any(axis=(0, 1, 2)))
+        k = int(used[-1]) + 1 if used.size else 0
+        acceptance = None
+        if slots:
+            acceptance = SharedAcceptance(
+                classes=tuple(str(self.slot_class[s]) for s in slots),
+                drafters=drafters,
+                counts=np.ascontiguousarray(counts[..., :k]),
+                arm_stats=np.ascontiguousarray(arm_stats[..., : k + 1]),
+                rounds=acc.rounds[slots].copy(),
+            )
+        cost = None
+        if self.cost.steps.any():
+            f = num_features(nd)
+            cost = SharedCost(
+                load_bucket_bounds=self.load.bounds,
+                drafters=drafters,
+                xtx=self.cost.xtx[:, :f, :f].copy(),
+                xty=self.cost.xty[:, :f].copy(),
+                yy=self.cost.yy.copy(),
+                steps=self.cost.steps.copy(),
+                load_steps=self.load.steps.copy(),
+                load_batch_sum=self.load.batch_sum.copy(),
+                load_extra_tokens_sum=self.load.extra_tokens_sum.copy(),
+            )
+        return SharedEvidence(acceptance, cost)
+
+    def merge_shared(self, shared: SharedEvidence | None) -> SharedUpdate:
+        """Replace the fleet's evidence in the models with ``shared`` (None: none).
+
+        The fleet's classes take free class slots only, never evicting one of
+        this replica's (a slot held only for the fleet goes first when this
+        replica needs one); its drafters take free drafter slots.
+        """
+        acc = self.acceptance
+        before = (
+            acc.shared_counts.copy(),
+            acc.shared_arm_stats.copy(),
+            acc.shared_weight.copy(),
+            acc.shared_class_weight.copy(),
+        )
+        merged, no_class, no_drafter = self._merge_acceptance(
+            shared.acceptance if shared is not None else None
+        )
+        forgotten = self._forget_shared_only(merged)
+        part = shared.cost if shared is not None else None
+        bounds_differ = part is not None and part.load_bucket_bounds != self.load.bounds
+        buckets, cost_no_drafter = self._merge_cost(None if bounds_differ else part)
+        moved = (
+            (acc.shared_counts != before[0]).any(axis=(1, 2, 3))
+            | (acc.shared_arm_stats != before[1]).any(axis=(1, 2, 3))
+            | (acc.shared_weight != before[2]).any(axis=1)
+            | (acc.shared_class_weight != before[3])
+        )
+        return SharedUpdate(
+            class_slots=np.flatnonzero(moved),
+            buckets=np.flatnonzero(buckets),
+            forgotten=forgotten,
+            left_out=MergeReport(no_class, max(no_drafter, cost_no_drafter), bounds_differ),
+        )
+
+    def _merge_acceptance(self, part: SharedAcceptance | None) -> tuple[set[str], int, int]:
+        """Place the fleet's acceptance by this replica's slots; the classes placed, and
+        how many classes and drafters found no slot."""
+        acc = self.acceptance
+        counts = np.zeros_like(acc.counts)
+        arm_stats = np.zeros_like(acc.arm_stats)
+        rounds = np.zeros_like(acc.rounds)
+        if part is None:
+            acc.set_shared(counts, arm_stats, rounds)
+            return set(), 0, 0
+        d_slots = np.array([self.slot_of_drafter(d) for d in part.drafters], dtype=np.int64)
+        c_slots = np.array([self._shared_class_slot(c) for c in part.classes], dtype=np.int64)
+        ci, di = np.flatnonzero(c_slots >= 0), np.flatnonzero(d_slots >= 0)
+        k = part.max_k
+        block = np.zeros((ci.size, di.size, 2, counts.shape[3]))
+        block[..., :k] = part.counts[np.ix_(ci, di)]
+        counts[np.ix_(c_slots[ci], d_slots[di])] = block
+        block = np.zeros((ci.size, di.size, 3, arm_stats.shape[3]))
+        block[..., : k + 1] = part.arm_stats[np.ix_(ci, di)]
+        arm_stats[np.ix_(c_slots[ci], d_slots[di])] = block
+        rounds[c_slots[ci]] = part.rounds[ci]
+        acc.set_shared(counts, arm_stats, rounds)
+        merged = {part.classes[i] for i in ci.tolist()}
+        return merged, int((c_slots < 0).sum()), int((d_slots < 0).sum())
+
+    def _merge_cost(self, part: SharedCost | None) -> tuple[np.ndarray, int]:
+        """Place the fleet's cost and load in this replica's feature layout and refit the
+        buckets they moved; those buckets, and how many of the fleet's drafters found
+        no slot (its cost is then left out whole: a regression without some of its
+        features means something else)."""
+        cost, load = self.cost, self.load
+        xtx, xty = np.zeros_like(cost.xtx), np.zeros_like(cost.xty)
+        zeros = np.zeros(self.num_buckets)
+        vectors = (zeros, zeros, zeros, zeros, zeros)
+        missing = 0
+        if part is not None:
+            slots = [self.slot_of_drafter(d) for d in part.drafters]
+            missing = sum(1 for slot in slots if slot < 0)
+            if not missing:
+                names = [""] * self.max_drafters
+                for d, slot in zip(part.drafters, slots, strict=True):
+                    names[slot] = d
+                idx = feature_index(part.drafters, names)
+                xtx[:, idx[:, None], idx[None, :]] = part.xtx
+                xty[:, idx] = part.xty
+                vectors = (
+                    part.yy,
+                    part.steps,
+                    part.load_steps,
+                    part.load_batch_sum,
+                    part.load_extra_tokens_sum,
+                )
+        before = [
+            cost.shared_xtx.copy(),
+            cost.shared_xty.copy(),
+            cost.shared_yy.copy(),
+            cost.shared_steps.copy(),
+            load.shared_steps.copy(),
+            load.shared_batch_sum.copy(),
+            load.shared_extra_tokens_sum.copy(),
+            cost.shared_weight.copy(),
+        ]
+        cost.set_shared(xtx, xty, vectors[0], vectors[1])
+        load.set_shared(*vectors[2:])
+        for b in range(self.num_buckets):
+            self._weigh_shared_cost(b)
+        after = [
+            cost.shared_xtx,
+            cost.shared_xty,
+            cost.shared_yy,
+            cost.shared_steps,
+            load.shared_steps,
+            load.shared_batch_sum,
+            load.shared_extra_tokens_sum,
+            cost.shared_weight,
+        ]
+        moved = np.zeros(self.num_buckets, dtype=bool)
+        for old, new in zip(before, after, strict=True):
+            moved |= (old != new).reshape(self.num_buckets, -1).any(axis=1)
+        for b in np.flatnonzero(moved).tolist():
+            self._refit(b)
+        return moved, missing
+
+    def _refit(self, bucket: int) -> None:
+        """Fit the bucket again after the fleet's statistics moved.
+
+        The noise variance and the fit depend on each other: a large variance
+        lets the prior pull the fit away from the data, whose residuals then
+        confirm the large variance. A replica's own refits after every report
+        grow the variance from below as steps arrive; statistics that arrive
+        whole are fitted the same way, from a small variance up until it settles.
+        """
+        typical = self.typical_features(bucket)
+        floor = 1e-3 * self.cost.mean_step_s(bucket)
+        self.cost.noise_var[bucket] = floor * floor
+        for _ in range(_REFIT_ITERATIONS):
+            noise = float(self.cost.noise_var[bucket])
+            self.cost.refresh(bucket, typical)
+            if abs(float(self.cost.noise_var[bucket]) - noise) <= 1e-3 * noise:
+                break
+
+    def clear_shared(self) -> None:
+        """Drop the fleet's evidence, keeping every slot and this replica's own fits."""
+        acc, cost, load = self.acceptance, self.cost, self.load
+        acc.set_shared(
+            np.zeros_like(acc.counts), np.zeros_like(acc.arm_stats), np.zeros_like(acc.rounds)
+        )
+        zeros = np.zeros(self.num_buckets)
+        cost.set_shared(np.zeros_like(cost.xtx), np.zeros_like(cost.xty), zeros, zeros)
+        cost.shared_weight[:] = 0.0
+        cost.shared_held[:] = False
+        load.set_shared(zeros, zeros, zeros)
+        load.shared_weight[:] = 0.0
+
+    def _weigh_shared_cost(self, bucket: int) -> None:
+        self.cost.weigh_shared(bucket, self.typical_features(bucket))
+        self.load.shared_weight[bucket] = self.cost.shared_weight[bucket]
+
+    def _shared_class_slot(self, name: str) -> int:
+        """The class's slot, or a free one for a class known only from the fleet (it
+        keeps update stamp 0, so it is the first evicted); -1 when none is free."""
+        slot = self.class_slot.get(name)
+        if slot is not None:
+            return slot
+        if len(self.class_slot) >= len(self.slot_class):
+            return -1
+        slot = self.slot_class.index(None)
+        self.class_slot[name] = slot
+        self.slot_class[slot] = name
+        self.last_update[slot] = 0
+        return slot
+
+    def _forget_shared_only(self, merged: set[str]) -> tuple[tuple[str, int], ...]:
+        """Free the slots of classes known only from the fleet that it no longer has."""
+        gone = [
+            name
+            for name, slot in self.class_slot.items()
+            if name not in merged
+            and self.last_update[slot] == 0
+            and self.acceptance.rounds[slot] == 0.0
+        ]
+        return tuple((name, self.forget(name)) for name in gone)
 
     # -- reading --------------------------------------------------------------
 
