@@ -25,6 +25,7 @@ import numpy as np
 from specctl.arms import OFF, Arm, arms_for
 from specctl.logs import get_logger
 from specctl.policy.base import Decision, Policy
+from specctl.policy.shared import MergeReport, SharedEvidence, SharesEvidence
 from specctl.sidecar.book_stats import BookStats, Context
 from specctl.sidecar.published import (
     BookEvidence,
@@ -359,6 +360,45 @@ class PolicyBook:
             off = by_arm.get(OFF)
             if off is not None:
                 stats.no_spec_goodput[ctx] = off.goodput
+
+    # ----------------------------------------------------------------- the fleet
+
+    def contribution(self) -> SharedEvidence | None:
+        """What this replica learned, to share with its fleet; None when the policy keeps
+        nothing it can share (a fixed rule, a baseline). A read."""
+        if not isinstance(self.policy, SharesEvidence):
+            return None
+        return self.policy.contribution()
+
+    def merge_shared(self, shared: SharedEvidence | None) -> tuple[bool, MergeReport]:
+        """Decide from the fleet's evidence too, in place of what was merged before
+        (None: from this replica's own only); True if the published policy changed.
+
+        The fleet's classes join the book while it has room (``max_classes``), as
+        they would in one sidecar serving every replica: an engine's first request
+        of a class that other replicas run gets the fleet's decision for it, not the
+        default class's.
+        """
+        if not isinstance(self.policy, SharesEvidence):
+            return False, MergeReport()
+        try:
+            report = self.policy.merge_shared(shared)
+        except Exception:
+            self.stats.count_internal_error("policy_merge")
+            log.exception("policy_merge_failed")
+            return False, MergeReport()
+        added = False
+        if shared is not None and shared.acceptance is not None:
+            for name in shared.acceptance.classes:
+                if name not in self._classes and self.fold_class(name) == name:
+                    self._add_class(name)
+                    added = True
+        changed = self._republish(list(self._published), force=False)
+        self._stale_evidence.update(self._published)
+        if added and not changed:
+            self._bump()
+            changed = True
+        return changed, report
 
     # ----------------------------------------------------------------- operator
 

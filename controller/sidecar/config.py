@@ -235,6 +235,119 @@ class StateConfig:
             )
 
 
+_KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,63}$")
+_FLEET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FLEET_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """The shared evidence store (Redis or Valkey) the sidecars of many replicas learn
+    through; off while ``url`` is empty (docs/fleet.md)."""
+
+    # redis://host:port/db, rediss://host:port/db (TLS) or unix:///path/redis.sock
+    url: str = ""
+    # AUTH: an ACL user (empty: the default user) and a file holding the password
+    username: str = ""
+    password_file: str = ""
+    # rediss://: the CA that signed the server's certificate (empty: the system's), and a
+    # client certificate and key when the server asks for one
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # every key specctl reads or writes starts with it
+    key_prefix: str = "specctl:fleet:"
+    # identical engines (model, hardware, engine configuration) share step cost; empty:
+    # derived from the first engine's hello
+    pool: str = ""
+    # this sidecar's name in the fleet, stable across its restarts and unique in the pool;
+    # empty: the host name and a hash of server.listen
+    sidecar_id: str = ""
+    publish_interval_s: float = 1.0
+    # a member that stops publishing ages out after this long
+    entry_ttl_s: float = 10.0
+    # each operation on the store
+    timeout_s: float = 0.5
+    # the longest wait between reconnection attempts (backoff with jitter up to it)
+    reconnect_max_s: float = 30.0
+    max_entry_bytes: int = 4 * 1024 * 1024
+    max_members: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.url:
+            if not self.url.startswith(FLEET_URL_SCHEMES):
+                raise _fail("fleet.url", self.url, f"must start with one of {FLEET_URL_SCHEMES}")
+            rest = self.url.split("://", 1)[1]
+            if not rest or rest.startswith("/") != self.url.startswith("unix://"):
+                raise _fail(
+                    "fleet.url",
+                    self.url,
+                    "needs a host (redis://, rediss://) or an absolute socket path (unix:///path)",
+                )
+            if "@" in rest.split("/", 1)[0]:
+                raise _fail(
+                    "fleet.url",
+                    "<redacted>",
+                    "must not carry credentials: use fleet.username and fleet.password_file",
+                )
+        for key in ("password_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+            value = getattr(self, key)
+            if value and not Path(value).is_file():
+                raise _fail(f"fleet.{key}", value, "is not a readable file")
+        tls = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+        if any(getattr(self, key) for key in tls) and not self.url.startswith("rediss://"):
+            raise _fail("fleet.url", self.url, "TLS settings need a rediss:// URL")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise _fail(
+                "fleet.tls_cert_file" if not self.tls_cert_file else "fleet.tls_key_file",
+                "",
+                "a client certificate needs both fleet.tls_cert_file and fleet.tls_key_file",
+            )
+        if not _KEY_PREFIX_RE.match(self.key_prefix):
+            raise _fail(
+                "fleet.key_prefix",
+                self.key_prefix,
+                "must be 1-64 of [A-Za-z0-9:._-], starting alphanumeric",
+            )
+        for key in ("pool", "sidecar_id", "username"):
+            value = getattr(self, key)
+            if value and not _FLEET_NAME_RE.match(value):
+                raise _fail(
+                    f"fleet.{key}", value, "must be 1-64 of [A-Za-z0-9._-], starting alphanumeric"
+                )
+        if not 0.05 <= self.publish_interval_s <= 60.0:
+            raise _fail(
+                "fleet.publish_interval_s", self.publish_interval_s, "must be in [0.05, 60]"
+            )
+        if not 3.0 * self.publish_interval_s <= self.entry_ttl_s <= 3600.0:
+            raise _fail(
+                "fleet.entry_ttl_s",
+                self.entry_ttl_s,
+                "must be at least 3 x fleet.publish_interval_s and at most 3600",
+            )
+        if not 0.01 <= self.timeout_s <= 60.0:
+            raise _fail("fleet.timeout_s", self.timeout_s, "must be in [0.01, 60]")
+        if not 0.1 <= self.reconnect_max_s <= 3600.0:
+            raise _fail("fleet.reconnect_max_s", self.reconnect_max_s, "must be in [0.1, 3600]")
+        if not 1024 <= self.max_entry_bytes <= 512 * 1024 * 1024:
+            raise _fail("fleet.max_entry_bytes", self.max_entry_bytes, "must be in 1024..536870912")
+        if not 1 <= self.max_members <= 100_000:
+            raise _fail("fleet.max_members", self.max_members, "must be in 1..100000")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    def read_password(self) -> str | None:
+        """The AUTH password, or None when no password file is configured."""
+        if not self.password_file:
+            return None
+        password = Path(self.password_file).read_text().strip()
+        if not password:
+            raise _fail("fleet.password_file", self.password_file, "is empty")
+        return password
+
+
 @dataclass(frozen=True)
 class LogConfig:
     format: str = "auto"
@@ -254,6 +367,7 @@ class SidecarConfig:
     admin: AdminConfig = field(default_factory=AdminConfig)
     log: LogConfig = field(default_factory=LogConfig)
     state: StateConfig = field(default_factory=StateConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     # The file it was loaded from, if any (watched for changes).
     path: str = ""
 
@@ -272,6 +386,7 @@ SECTIONS: dict[str, type] = {
     "admin": AdminConfig,
     "log": LogConfig,
     "state": StateConfig,
+    "fleet": FleetConfig,
 }
 
 
@@ -408,6 +523,7 @@ def load_config(
             admin=AdminConfig(**values["admin"]),
             log=LogConfig(**values["log"]),
             state=StateConfig(**values["state"]),
+            fleet=FleetConfig(**values["fleet"]),
             path=str(path) if path else "",
         )
     except TypeError as exc:  # pragma: no cover - keys are checked above

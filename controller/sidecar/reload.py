@@ -2,7 +2,7 @@
 
 The policy section (the policy and its parameters, overrides, the fallback
 arm, push settings) and the admin section apply at once; a change to the
-server or log sections, or to the load buckets, the default class or the
+server, log or fleet sections, or to the load buckets, the default class or the
 class bound, is logged as needing a restart. A file that does not load leaves
 everything as it was.
 """
@@ -88,7 +88,7 @@ class ConfigReloader:
             log.error("config_reload_failed", path=self.config.path, error=str(exc))
             return False
         old = self.config
-        for name in ("server", "log"):
+        for name in ("server", "log", "fleet"):
             if getattr(old, name) != getattr(new, name):
                 log.warning("config_needs_restart", section=name)
         if (
@@ -121,6 +121,7 @@ class ConfigReloader:
             admin=new.admin,
             log=old.log,
             state=old.state,
+            fleet=old.fleet,
             path=old.path,
         )
         self.publisher.configure(new.policy)

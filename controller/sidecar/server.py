@@ -8,8 +8,9 @@
 (:mod:`specctl.sidecar.services`) behind the admin
 :class:`~specctl.sidecar.admin_auth.AdminAuthInterceptor`, health and
 reflection, the listener (:mod:`specctl.sidecar.listener`), /metrics, the
-configuration reloader and, with ``state.dir``, the learned state's keeper.
-Everything runs on one event loop.
+configuration reloader, with ``state.dir`` the learned state's keeper and,
+with ``fleet.url``, the shared evidence store's task
+(:mod:`specctl.sidecar.fleet_store`). Everything runs on one event loop.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from specctl.sidecar.admin_auth import AdminAuthInterceptor
 from specctl.sidecar.admission import Admission
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import SidecarConfig
+from specctl.sidecar.fleet_store import FleetStore
 from specctl.sidecar.learning import Learner
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.publishing import Publisher
@@ -109,6 +111,16 @@ class Sidecar:
                     else make_policy(pc.name, pc.params, load_bucket_bounds=pc.load_bucket_bounds)
                 ),
             )
+        self.fleet: FleetStore | None = None
+        if config.fleet.enabled:
+            self.fleet = FleetStore(
+                config.fleet,
+                self.book,
+                self.sessions,
+                self.metrics.registry,
+                self.publisher.notify,
+                listen=config.server.listen,
+            )
         self.address = ""
         self.metrics_url = ""
         self.tls: CertificateFiles | None = None
@@ -171,6 +183,8 @@ class Sidecar:
         ]
         if self.state is not None:
             self._tasks.append(asyncio.create_task(self.state.run(), name="specctl-snapshots"))
+        if self.fleet is not None:
+            self._tasks.append(asyncio.create_task(self.fleet.run(), name="specctl-fleet"))
         admin = self.config.admin
         if admin.enabled and not (self.admin_auth.token or admin.client_cns):
             log.warning(
@@ -187,6 +201,7 @@ class Sidecar:
             tls=bool(sc.tls_cert_file),
             mtls=bool(sc.tls_client_ca_file),
             state_dir=self.config.state.dir or None,
+            fleet_sidecar_id=self.fleet.sidecar_id if self.fleet is not None else None,
         )
 
     async def stop(self, grace: float | None = None) -> None:
@@ -210,6 +225,8 @@ class Sidecar:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.fleet is not None:
+            await self.fleet.close()
         self.learner.learn_pending()
         if self.state is not None:
             await asyncio.to_thread(self.state.close)

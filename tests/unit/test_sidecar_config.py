@@ -107,6 +107,17 @@ def test_a_policy_chosen_later_does_not_inherit_parameters_written_for_another(t
         ("", {"SPECCTL_POLICY_PUSH_THRESHOLD": "lots"}, "SPECCTL_POLICY_PUSH_THRESHOLD='lots'"),
         ("", {"SPECCTL_SERVER_LISTN": "x"}, "SPECCTL_SERVER_LISTN: unknown key server.listn"),
         ("", {"SPECCTL_SERVER_MAX_ENGINES": "0"}, "server.max_engines=0"),
+        ('[fleet]\nurl = "http://redis:6379"\n', {}, "fleet.url='http://redis:6379'"),
+        ('[fleet]\nurl = "redis://"\n', {}, "needs a host"),
+        ('[fleet]\nurl = "unix://relative.sock"\n', {}, "absolute socket path"),
+        ('[fleet]\nurl = "redis://me:secret@redis:6379"\n', {}, "must not carry credentials"),
+        ('[fleet]\nurl = "redis://redis:6379"\ntls_ca_file = "/etc/hostname"\n', {}, "rediss://"),
+        ('[fleet]\npassword_file = "/nonexistent/password"\n', {}, "fleet.password_file="),
+        ('[fleet]\nkey_prefix = "specctl:*"\n', {}, "fleet.key_prefix='specctl:*'"),
+        ('[fleet]\npool = "a pool"\n', {}, "fleet.pool='a pool'"),
+        ("[fleet]\npublish_interval_s = 1.0\nentry_ttl_s = 2.0\n", {}, "fleet.entry_ttl_s=2.0"),
+        ("[fleet]\ntimeout_s = 0\n", {}, "fleet.timeout_s=0.0"),
+        ("[fleet]\nmax_entry_bytes = 10\n", {}, "fleet.max_entry_bytes=10"),
     ],
 )
 def test_invalid_settings_name_key_and_value(tmp_path, text, env, message) -> None:
@@ -118,3 +129,23 @@ def test_invalid_settings_name_key_and_value(tmp_path, text, env, message) -> No
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.toml", env={})
+
+
+def test_the_fleet_is_off_by_default_and_configured_by_url(tmp_path: Path) -> None:
+    assert load_config(env={}).fleet.enabled is False
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    path = _file(
+        tmp_path,
+        '[fleet]\nurl = "rediss://valkey.ml.svc:6380/0"\nusername = "specctl"\n'
+        f'password_file = "{password}"\ntls_ca_file = "{password}"\n',
+    )
+    env = {"SPECCTL_FLEET_SIDECAR_ID": "pod-0", "SPECCTL_FLEET_PUBLISH_INTERVAL_S": "0.5"}
+    fleet = load_config(path, env=env).fleet
+    assert fleet.enabled and fleet.url == "rediss://valkey.ml.svc:6380/0"
+    assert (fleet.sidecar_id, fleet.publish_interval_s, fleet.entry_ttl_s) == ("pod-0", 0.5, 10.0)
+    assert fleet.key_prefix == "specctl:fleet:" and fleet.pool == ""
+    assert fleet.read_password() == "s3cret"
+    password.write_text("\n")
+    with pytest.raises(ConfigError, match=r"fleet\.password_file=.*is empty"):
+        fleet.read_password()
