@@ -1,9 +1,9 @@
 """A redis-server of its own, for tests and benchmarks of a fleet's shared evidence store.
 
-It listens on a free loopback port (or a unix socket) in a temporary
+It listens on a free loopback port (or a unix socket, or TLS) in a temporary
 directory, keeps nothing on disk, and asks for a password. A test stops it
-to see the sidecars serve without it, and starts it again on the same port
-to see them re-join.
+to see the sidecars serve without it, starts it again on the same port to
+see them re-join, or has it sleep (``DEBUG SLEEP``) to see them time out.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ class RedisServer:
             str(self.directory / "redis.log"),
             "--requirepass",
             self.password,
+            # DEBUG SLEEP makes it a slow store for a while
+            "--enable-debug-command",
+            "local",
         ]
         if self.socket_path is not None:
             args += [
