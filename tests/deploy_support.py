@@ -57,12 +57,14 @@ def promql_metric_names(expr: str) -> set[str]:
 def specctl_metric_names() -> set[str]:
     """Every series name the sidecar's registry exports."""
     from specctl.decisionlog import DecisionLogMetrics
+    from specctl.sidecar.fleet_store import FleetMetrics
     from specctl.sidecar.metrics import SidecarMetrics
     from specctl.sidecar.snapshot import SnapshotMetrics
 
     registry = SidecarMetrics().registry
     SnapshotMetrics(registry)
     DecisionLogMetrics(registry)
+    FleetMetrics(registry)
     families = list(registry.collect())
     names: set[str] = set()
     for family in families:

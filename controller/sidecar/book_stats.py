@@ -44,7 +44,7 @@ class BookStats:
     probe_rounds: dict[str, int] = field(default_factory=dict)
     # workload class -> times a context's most likely arm went from a drafter to off
     switch_offs: dict[str, int] = field(default_factory=dict)
-    # where (policy_update, policy_select, sink) -> exceptions caught there
+    # where (policy_update, policy_select, policy_merge, sink, fleet) -> exceptions caught there
     internal_errors: dict[str, int] = field(default_factory=dict)
     # per context: the published distribution (arm name -> probability), whether its most
     # likely arm is off, and the policy's goodput estimates for that arm and for off

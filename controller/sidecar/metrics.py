@@ -188,9 +188,9 @@ class BookStatsExporter:
             ),
             "internal_errors": counter(
                 "specctl_internal_errors",
-                "Exceptions raised by the policy or a report sink, by where: policy_update, "
-                "policy_select, sink. A bug: the published distribution is kept and the "
-                "report still reaches the other sinks.",
+                "Exceptions raised by the policy, a report sink or the fleet's task, by where: "
+                "policy_update, policy_select, policy_merge, sink, fleet. A bug: the published "
+                "distribution is kept and the report still reaches the other sinks.",
                 labels=("where",),
             ),
             "learned_until": gauge(
