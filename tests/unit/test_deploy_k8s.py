@@ -29,7 +29,7 @@ from specctl.sidecar import serve_cli
 from specctl.sidecar.config import load_config
 
 K8S = DEPLOY / "k8s"
-LAYOUTS = ("sidecar", "standalone")
+LAYOUTS = ("sidecar", "standalone", "fleet")
 KUBERNETES_VERSION = "1.33.0"  # native sidecars are on by default from 1.29, GA in 1.33
 KUSTOMIZE_KEYS = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions"}
 
@@ -82,7 +82,32 @@ def containers(deployment: Resource) -> dict[str, Resource]:
 
 
 def env_of(container: Resource) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """The container's environment written as values (not the variables taken from
+    elsewhere: see resolved_env)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def resolved_env(container: Resource, resources: list[Resource], pod: str) -> dict[str, str]:
+    """The environment as the kubelet sets it in pod ``pod``: values, the pod's fields,
+    and ConfigMap keys (an optional key of a missing ConfigMap is left unset)."""
+    env = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+            continue
+        source = e["valueFrom"]
+        if "fieldRef" in source:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name", source
+            env[e["name"]] = pod
+            continue
+        ref = source["configMapKeyRef"]
+        maps = [r for r in resources if r["kind"] == "ConfigMap"]
+        found = [m for m in maps if m["metadata"]["name"] == ref["name"]]
+        if found and ref["key"] in found[0]["data"]:
+            env[e["name"]] = found[0]["data"][ref["key"]]
+        else:
+            assert ref.get("optional") is True, f"{e['name']}: {ref} does not exist"
+    return env
 
 
 # --- schemas for the prometheus-operator resources (monitoring.coreos.com/v1) -------------
@@ -190,6 +215,8 @@ def test_render_reads_every_file_of_the_layout(layout: tuple[str, list[Resource]
     expected += ["ServiceMonitor", "ServiceMonitor"]
     if name == "standalone":
         expected += ["Deployment", "NetworkPolicy", "PersistentVolumeClaim"]
+    if name == "fleet":
+        expected += ["ConfigMap"]  # where the sidecars share evidence
     assert kinds == sorted(expected)
 
 
@@ -279,7 +306,7 @@ def _sidecar_config(container: Resource, toml: str, tmp_path: Path) -> Any:
 def test_sidecar_configuration_loads(layout: tuple[str, list[Resource]], tmp_path: Path) -> None:
     name, resources = layout
     toml = find(resources, "ConfigMap", "specctl-config")["data"]["specctl.toml"]
-    owner = "vllm" if name == "sidecar" else "specctl"
+    owner = "specctl" if name == "standalone" else "vllm"
     specctl = containers(find(resources, "Deployment", owner))["specctl"]
     config = _sidecar_config(specctl, toml, tmp_path)
     assert config.server.metrics_listen == "0.0.0.0:9400"
@@ -287,7 +314,7 @@ def test_sidecar_configuration_loads(layout: tuple[str, list[Resource]], tmp_pat
     # learned state goes to a volume (the root file system is read-only)
     mounts = {m["mountPath"]: m for m in specctl["volumeMounts"]}
     assert config.state.dir in mounts and not mounts[config.state.dir].get("readOnly")
-    if name == "sidecar":
+    if name != "standalone":
         # the engine dials the socket the sidecar listens on, in a volume both mount
         vllm = containers(find(resources, "Deployment", "vllm"))["vllm"]
         assert env_of(vllm)["SPECCTL_ADDRESS"] == config.server.listen
@@ -300,7 +327,7 @@ def test_sidecar_configuration_loads(layout: tuple[str, list[Resource]], tmp_pat
 
 def test_sidecar_container_probes_and_hardening(layout: tuple[str, list[Resource]]) -> None:
     name, resources = layout
-    if name == "sidecar":
+    if name != "standalone":
         deployment = find(resources, "Deployment", "vllm")
         init = deployment["spec"]["template"]["spec"]["initContainers"]
         assert [c["name"] for c in init] == ["specctl"]
@@ -365,3 +392,36 @@ def test_prometheus_rule_carries_the_rules_file(layout: tuple[str, list[Resource
     _, resources = layout
     rule = find(resources, "PrometheusRule", "specctl")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+
+
+def test_the_fleet_layout_shares_through_an_existing_store(tmp_path: Path) -> None:
+    """Each replica's sidecar, as configured in its pod: sharing through the store the
+    ConfigMap names, with the password and CA of the Secret, under the pod's name; the
+    sidecar layout alone does not share."""
+    resources = render(K8S / "fleet")
+    vllm = find(resources, "Deployment", "vllm")
+    specctl = containers(vllm)["specctl"]
+    toml = find(resources, "ConfigMap", "specctl-config")["data"]["specctl.toml"]
+    env = resolved_env(specctl, resources, pod="vllm-7d9f8b6c4-x2k8q")
+    # the Secret's files where the container mounts it (test files stand in for them)
+    mount = next(m for m in specctl["volumeMounts"] if m["name"] == "specctl-fleet")
+    assert mount["readOnly"] is True
+    volume = next(
+        v for v in vllm["spec"]["template"]["spec"]["volumes"] if v["name"] == "specctl-fleet"
+    )
+    assert volume["secret"]["secretName"] == "specctl-fleet"
+    for key in ("SPECCTL_FLEET_PASSWORD_FILE", "SPECCTL_FLEET_TLS_CA_FILE"):
+        assert env[key].startswith(mount["mountPath"] + "/"), key
+        local = tmp_path / Path(env[key]).name
+        local.write_text("from the Secret\n")
+        env[key] = str(local)
+    (tmp_path / "specctl.toml").write_text(toml)
+    fleet = load_config(tmp_path / "specctl.toml", env=env).fleet
+    assert fleet.enabled and fleet.url.startswith("rediss://")
+    assert fleet.sidecar_id == "vllm-7d9f8b6c4-x2k8q"
+    assert fleet.read_password() == "from the Secret"
+    # without the ConfigMap (the sidecar layout), the optional references stay unset
+    alone = render(K8S / "sidecar")
+    env = resolved_env(containers(find(alone, "Deployment", "vllm"))["specctl"], alone, pod="p")
+    assert "SPECCTL_FLEET_URL" not in env
+    assert load_config(tmp_path / "specctl.toml", env=env).fleet.enabled is False
