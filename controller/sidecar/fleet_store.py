@@ -1,8 +1,9 @@
 """The sidecar's membership of a fleet: publish its evidence, merge the others', on Redis.
 
 One task on the sidecar's event loop runs a round about every
-``fleet.publish_interval_s`` (with jitter, and a random delay on start, so
-that many sidecars started together do not stampede the store): it writes
+``fleet.publish_interval_s`` (with jitter, the first ones sooner, after a
+random delay, so that many sidecars started together neither stampede the
+store nor each explore long alone, see :meth:`FleetStore.run`): it writes
 this sidecar's own evidence under its own key with an expiry
 (``fleet.entry_ttl_s``), reads every entry under the key prefix, checks each
 (:mod:`specctl.sidecar.fleet_entry`), sums the others' (acceptance from
@@ -72,6 +73,9 @@ _FAILURE_LOG_INTERVAL_S = 30.0
 # entries published longer ago than this many expiries are stale (an entry written
 # without expiry, or a clock far off): skipped
 _STALE_EXPIRIES = 3.0
+# the first round comes within this share of fleet.publish_interval_s, and the interval
+# doubles from it up to publish_interval_s (see FleetStore.run)
+FIRST_ROUND_SHARE = 0.1
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -200,9 +204,18 @@ class FleetStore:
     # ------------------------------------------------------------------ the task
 
     async def run(self) -> None:
-        """Rounds until cancelled; a failed round backs off, with jitter."""
+        """Rounds until cancelled; a failed round backs off, with jitter.
+
+        The first rounds come quicker: the first within a tenth of
+        ``fleet.publish_interval_s`` (at a random moment, so that sidecars started
+        together do not arrive together), then at intervals that double up to
+        it. Evidence is worth most when there is least of it: a new member merges
+        the fleet's at once, and replicas that start together pool their first
+        steps' evidence before each has explored much on its own.
+        """
         interval = self.config.publish_interval_s
-        await asyncio.sleep(self._rng.uniform(0.0, interval))
+        pace = interval * FIRST_ROUND_SHARE
+        await asyncio.sleep(self._rng.uniform(0.0, pace))
         backoff = interval
         while True:
             started = time.monotonic()
@@ -223,7 +236,8 @@ class FleetStore:
                 self._succeeded()
                 backoff = interval
             elapsed = time.monotonic() - started
-            await asyncio.sleep(max(0.0, interval * self._rng.uniform(0.9, 1.1) - elapsed))
+            await asyncio.sleep(max(0.0, pace * self._rng.uniform(0.9, 1.1) - elapsed))
+            pace = min(pace * 2.0, interval)
 
     async def close(self) -> None:
         await self._close_client()
