@@ -362,6 +362,12 @@ class InProcessLink:
         if len(self._pending) >= self.report_every:
             self.flush()
 
+    def refresh(self) -> None:
+        """The book's policy moved without a report (a fleet merge): the engine gets it,
+        as a sidecar's push would bring it."""
+        if self.book.version != self.view.version:
+            self._apply(self.book.policy_for(self.offered, self.fallback))
+
     def flush(self) -> None:
         if not self._pending:
             return

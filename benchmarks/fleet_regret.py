@@ -1,0 +1,303 @@
+"""Fleet regret: what learning costs 1, 4 and 16 replicas on the same total traffic, with
+and without sharing evidence, in the simulator.
+
+    .venv/bin/python benchmarks/fleet_regret.py [--steps 32000] [--exchange-s 1.0]
+        [--out DIR] [--seed 0]
+
+Each replica is a simulated engine (:mod:`specctl.sim.engine`) with its own
+sidecar book and specctl policy, through the production path, on the
+``qwen3-8b`` scenario (three classes whose best arms differ, EAGLE-3 losing on
+math500 at every K). N replicas run ``--steps / N`` steps each, in lockstep,
+so every fleet serves the same request-rounds. Regret is counted against the
+oracle from the simulator's ground truth: a request-round of class c on arm
+a that takes t seconds of engine time loses ``t * (g*_c - g_c,a)`` committed
+tokens, where g is the arm's true goodput and g* the best arm's. The fleet's
+regret is the sum over its replicas. The scenario is stationary, so once it
+has learned a fleet pays a steady rate (probes, residual uncertainty); the
+exploration regret reported is the transient above it: the total less the
+fleet's own late rate (over the last quarter of its traffic) times the
+traffic. The totals are printed too.
+
+Sharing runs the code the sidecars' store runs, in process: every
+``--exchange-s`` seconds of engine time (a round of the store, 1 s by default
+as ``fleet.publish_interval_s``; 107 steps of this scenario) each replica's own
+evidence is encoded as a fleet entry (:mod:`specctl.sidecar.fleet_entry`),
+read back and checked, the others' latest are summed and merged into its book
+(:meth:`~specctl.sidecar.book.PolicyBook.merge_shared`), and its engine gets
+its sidecar's new policy. The rounds are paced as the store paces them (the
+first at a tenth of the interval, then doubling up to it), and at each the
+replicas take turns in a random order, as rounds out of phase do. A real
+Redis round trip per round would add wall time to the benchmark and change
+nothing that is merged, so none is made. The goal: 16 sharing replicas pay no
+more than 2x the regret of one replica (without sharing, up to 16x).
+
+Prints the curve (fleet regret by replicas, with and without sharing) and
+writes DIR/fleet_regret.json and DIR/fleet_regret.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specctl.policy.registry import make_policy
+from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
+from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.fleet_entry import Entry, EntryHeader, decode_entry, encode_entry
+from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE
+from specctl.sim.engine import InProcessLink, SimulatedEngine, World
+from specctl.sim.scenario import Scenario, build_scenarios
+
+SCENARIO = "qwen3-8b"
+REPLICAS = (1, 4, 16)
+MAX_ENTRY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass
+class Replica:
+    """One simulated engine and its sidecar's book."""
+
+    world: World
+    book: PolicyBook
+    link: InProcessLink
+    engine: SimulatedEngine
+
+    def regret(self) -> float:
+        """Committed tokens lost to the oracle so far (expected, from the ground truth)."""
+        w = self.world
+        seconds = w.cost * (w.base_step_time_s / w.batch_size)  # [class, arm] per round
+        best = w.goodput.max(axis=1, keepdims=True)
+        lost = seconds * (best - w.goodput)
+        return float((self.engine.record.rounds * lost).sum())
+
+
+def make_replica(scenario: Scenario, seed: int, index: int, report_every: int) -> Replica:
+    world = World(scenario, np.random.default_rng([seed, index, 0]))
+    book = PolicyBook(
+        make_policy("specctl", {}), max_classes=max(64, len(scenario.model.classes) + 1)
+    )
+    link = InProcessLink(
+        book, scenario.model.drafters, engine_id=f"sim-{index}", report_every=report_every
+    )
+    engine = SimulatedEngine(world, link, seed=seed * 1000 + index)
+    return Replica(world, book, link, engine)
+
+
+def publish(replica: Replica, index: int) -> SharedEvidence:
+    """The replica's own evidence as its sidecar writes it to the store, and as the
+    others read it back: encoded as an entry, decoded and checked."""
+    evidence = replica.book.contribution()
+    assert evidence is not None
+    header = EntryHeader(f"sim-{index}", f"instance-{index}", "sim-pool", "sim-model", 0.0)
+    data = encode_entry(Entry(header, evidence))
+    return decode_entry(data, max_bytes=MAX_ENTRY_BYTES).evidence
+
+
+def merge(replica: Replica, others: list[SharedEvidence]) -> None:
+    """The replica merges the sum of the others' latest entries; its engine gets the
+    policy its sidecar then pushes."""
+    shared = SharedEvidence(
+        sum_acceptance([e.acceptance for e in others if e.acceptance is not None]),
+        sum_cost([e.cost for e in others if e.cost is not None]),
+    )
+    replica.book.merge_shared(shared)
+    replica.link.refresh()
+
+
+def round_steps(steps: int, exchange_steps: int) -> list[int]:
+    """The steps at which the store's rounds come: the first at a tenth of the interval,
+    then at intervals doubling up to it (as FleetStore.run paces them)."""
+    out, t, pace = [], 0.0, exchange_steps * FIRST_ROUND_SHARE
+    while t < steps:
+        t += pace
+        out.append(min(steps, max(1, round(t))))
+        pace = min(pace * 2.0, float(exchange_steps))
+    return sorted(set(out))
+
+
+def run_fleet(
+    scenario: Scenario,
+    replicas: int,
+    *,
+    share: bool,
+    total_steps: int,
+    exchange_steps: int,
+    seed: int,
+    report_every: int,
+) -> dict[str, Any]:
+    """One fleet over the total traffic; its regret over time and at the end.
+
+    At each round the replicas take their turns in a random order, each writing its
+    own entry and then merging the others' latest: as rounds out of phase do, a
+    replica reads some entries of this round and some of the previous one.
+    """
+    fleet = [make_replica(scenario, seed, i, report_every) for i in range(replicas)]
+    steps = total_steps // replicas
+    rounds = set(round_steps(steps, exchange_steps))
+    order = np.random.default_rng([seed, replicas, 2])
+    entries: dict[int, SharedEvidence] = {}
+    curve: list[tuple[int, float]] = []
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        for r in fleet:
+            r.engine.step()
+        if step in rounds:
+            if share:
+                for i in order.permutation(replicas).tolist():
+                    entries[i] = publish(fleet[i], i)
+                    merge(fleet[i], [e for j, e in entries.items() if j != i])
+            curve.append((step * replicas, sum(r.regret() for r in fleet)))
+    for r in fleet:
+        r.link.flush()
+    return {
+        "replicas": replicas,
+        "sharing": share,
+        "steps_per_replica": steps,
+        "regret_tokens": sum(r.regret() for r in fleet),
+        "curve": curve,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def late_rate(run: dict[str, Any]) -> float:
+    """Regret per step once the fleet has learned: the slope of its cumulative regret
+    over the last quarter of its traffic."""
+    curve = np.array(run["curve"])
+    tail = curve[curve[:, 0] >= 0.75 * curve[-1, 0]]
+    return float(np.polyfit(tail[:, 0], tail[:, 1], 1)[0])
+
+
+def write_plot(results: list[dict[str, Any]], path: Path, exchange_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for share, style in ((False, "--"), (True, "-")):
+        runs = [r for r in results if r["sharing"] == share or r["replicas"] == 1]
+        label = "sharing evidence" if share else "each replica alone"
+        left.plot(
+            [r["replicas"] for r in runs],
+            [r["exploration_regret_tokens"] for r in runs],
+            style,
+            marker="o",
+            label=label,
+        )
+        for r in runs:
+            if r["replicas"] == 1 and share:
+                continue
+            xs, ys = zip(*r["curve"], strict=True)
+            right.plot(xs, ys, style, label=f"{r['replicas']} replicas, {label}")
+    one = next(r["exploration_regret_tokens"] for r in results if r["replicas"] == 1)
+    left.axhline(2 * one, color="grey", lw=0.8, ls=":", label="2x one replica")
+    left.set_xscale("log", base=2)
+    left.set_xticks(list(REPLICAS), [str(n) for n in REPLICAS])
+    left.set_xlabel("replicas (same total traffic)")
+    left.set_ylabel("fleet exploration regret vs oracle (tokens)")
+    left.legend()
+    right.set_xlabel("steps served by the fleet")
+    right.set_ylabel("cumulative fleet regret (tokens)")
+    right.legend(fontsize=7)
+    fig.suptitle(f"specctl on {SCENARIO}, a round every {exchange_s:g} s of engine time")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--steps", type=int, default=32000, help="total steps of the fleet")
+    parser.add_argument(
+        "--exchange-s",
+        type=float,
+        default=1.0,
+        help="seconds of engine time between rounds (fleet.publish_interval_s)",
+    )
+    parser.add_argument("--report-every", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("fleet-out"))
+    args = parser.parse_args()
+    (scenario,) = build_scenarios(SCENARIO, args.steps)
+    step_s = scenario.model.base_step_time_s(scenario.batch)
+    exchange_steps = max(1, round(args.exchange_s / step_s))
+    print(
+        f"{SCENARIO}: batch {scenario.batch}, a plain step {1000 * step_s:.1f} ms: a round "
+        f"every {args.exchange_s:g} s of engine time is every {exchange_steps} steps",
+        file=sys.stderr,
+    )
+    results = []
+    for replicas in REPLICAS:
+        for share in (False, True) if replicas > 1 else (False,):
+            run = run_fleet(
+                scenario,
+                replicas,
+                share=share,
+                total_steps=args.steps,
+                exchange_steps=exchange_steps,
+                seed=args.seed,
+                report_every=args.report_every,
+            )
+            results.append(run)
+            print(
+                f"  {replicas:>2} replicas, {'shared' if share else 'alone '}: regret "
+                f"{run['regret_tokens']:.0f} tokens ({run['wall_s']} s)",
+                file=sys.stderr,
+            )
+    for run in results:
+        run["late_regret_per_step"] = late_rate(run)
+        run["exploration_regret_tokens"] = (
+            run["regret_tokens"] - run["late_regret_per_step"] * args.steps
+        )
+    one = results[0]["exploration_regret_tokens"]
+    lines = [
+        f"exploration regret vs the oracle on {SCENARIO}, {args.steps} steps of total traffic, "
+        f"a round every {args.exchange_s:g} s (tokens; x one replica):",
+        f"{'replicas':>9} {'alone':>17} {'sharing':>17}",
+    ]
+    for replicas in REPLICAS:
+        alone = next(r for r in results if r["replicas"] == replicas and not r["sharing"])
+        shared = next((r for r in results if r["replicas"] == replicas and r["sharing"]), alone)
+        a, b = alone["exploration_regret_tokens"], shared["exploration_regret_tokens"]
+        lines.append(f"{replicas:>9} {a:>9.0f} ({a / one:4.1f}x) {b:>9.0f} ({b / one:4.1f}x)")
+    lines.append(
+        "(the transient: total regret less the fleet's own late rate, over the last quarter "
+        "of its traffic, times the traffic)"
+    )
+    lines.append(f"{'replicas':>9} {'total alone':>17} {'total sharing':>17}")
+    for replicas in REPLICAS:
+        alone = next(r for r in results if r["replicas"] == replicas and not r["sharing"])
+        shared = next((r for r in results if r["replicas"] == replicas and r["sharing"]), alone)
+        a, b = alone["regret_tokens"], shared["regret_tokens"]
+        total_one = results[0]["regret_tokens"]
+        lines.append(
+            f"{replicas:>9} {a:>9.0f} ({a / total_one:4.2f}x) {b:>9.0f} ({b / total_one:4.2f}x)"
+        )
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fleet_regret.json").write_text(
+        json.dumps(
+            {
+                "scenario": SCENARIO,
+                "steps": args.steps,
+                "exchange_s": args.exchange_s,
+                "exchange_steps": exchange_steps,
+                "runs": results,
+            },
+            indent=1,
+        )
+    )
+    write_plot(results, args.out / "fleet_regret.png", args.exchange_s)
+    print(f"wrote {args.out}/fleet_regret.json and fleet_regret.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
