@@ -118,9 +118,9 @@ class RedisServer:
             time.sleep(0.05)
         return self
 
-    def client(self) -> redis.Redis:
+    def client(self, timeout: float = 5.0) -> redis.Redis:
         """A synchronous client, authenticated, for a test to look and write directly."""
-        kwargs: dict[str, object] = {"password": self.password, "socket_timeout": 5.0}
+        kwargs: dict[str, object] = {"password": self.password, "socket_timeout": timeout}
         if self.tls is not None:
             kwargs["ssl_ca_certs"] = str(self.tls.ca_file)
         return redis.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]

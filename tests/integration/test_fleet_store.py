@@ -143,7 +143,7 @@ def test_a_slow_store_never_holds_up_learning_or_pushes(
 
             # the store answers nothing for 5 s: every round with it times out (1 s)
             def sleep() -> None:
-                with server.client() as client:
+                with server.client(timeout=30.0) as client:
                     client.execute_command("DEBUG", "SLEEP", 5)
 
             sleeper = threading.Thread(target=sleep)
