@@ -58,31 +58,29 @@ def decide_hybrid(vllm_config: Any, config: EngineConfig) -> HybridDecision:
     settings = NgramSettings(
         ngram_k, config.ngram_prompt_lookup_min, config.ngram_prompt_lookup_max
     )
+    reason = _not_exact_because(vllm_config)
+    return HybridDecision(None, reason) if reason else HybridDecision(settings)
+
+
+def _not_exact_because(vllm_config: Any) -> str:
+    """Why substituting n-gram drafts would not be exact on this engine ("" when it is)."""
+    spec = vllm_config.speculative_config
+    on_device = "keeps drafts on the device, so the scheduler cannot replace them"
     if bool(vllm_config.scheduler_config.async_scheduling):
-        return HybridDecision(
-            None,
-            "async scheduling keeps drafts on the device, so the scheduler cannot replace "
-            "them with n-gram drafts",
-        )
+        return f"async scheduling {on_device} with n-gram drafts"
     if bool(vllm_config.use_v2_model_runner):
-        return HybridDecision(
-            None,
-            "Model Runner V2 keeps drafts on the device, so the scheduler cannot replace "
-            "them with n-gram drafts",
-        )
+        return f"Model Runner V2 {on_device} with n-gram drafts"
     draft_sampling = str(getattr(spec, "draft_sample_method", "greedy"))
     if draft_sampling != "greedy":
-        return HybridDecision(
-            None,
+        return (
             f"draft_sample_method={draft_sampling!r}: the rejection sampler would weigh "
             "n-gram drafts with the model drafter's probabilities, so substituting them "
-            "would not be exact",
+            "would not be exact"
         )
     rejection = str(getattr(spec, "rejection_sample_method", "standard"))
     if rejection != "standard":
-        return HybridDecision(
-            None,
+        return (
             f"rejection_sample_method={rejection!r}: substitution is exact only with the "
-            "standard rejection sampler",
+            "standard rejection sampler"
         )
-    return HybridDecision(settings)
+    return ""
