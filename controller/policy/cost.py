@@ -5,7 +5,8 @@ Per load bucket, a Bayesian linear model:
     step_time_s ~ base + per_token * tokens_verified
                 + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d
                          + per_batch_draft_token[d] * batch_size * step_k_d
-                         + second_pass[d] * batch_size * [step_k_d >= 2])
+                         + second_pass[d] * batch_size * [step_k_d >= 2]
+                         + second_verified[d] * requests_d[K >= 2])
 
 ``tokens_verified`` is the step's ``num_scheduled_tokens`` (prefill, decode
 and drafts); for each drafter d, ``requests_d`` is how many requests drafted
@@ -25,7 +26,15 @@ at ``off`` too, so K=1 costs next to nothing and K=2 a whole pass more
 K=2, 58-66 ms without speculation). A line through K fitted where the steps
 ran K=3..4 then makes K=1 look as expensive as the line says; with the
 second pass a coefficient of its own, what steps at K=3..4 cannot tell stays
-uncertain, and Thompson sampling tries the short draft to find out. Running arm
+uncertain, and Thompson sampling tries the short draft to find out.
+``second_verified`` is the same step on the target's side, per request that
+verifies two drafts or more (``requests_d[K >= 2]``, from the report's rows:
+the drafts a step verifies are those of the arms it names): on the testbed a
+target pass over three tokens a request costs more than the line through one
+and two says (about 9 ms of the 18 ms that K=2 adds to K=1 at concurrency 3,
+read from steps whose drafted and verified K differ). While Thompson sampling
+varies K from step to step, the drafted and the verified K of a step differ,
+and a model with the jump on one side only halves the cost of K=2. Running arm
 ``(d, K)`` for a batch of B decoding requests verifies ``B * (1 + K)`` tokens
 and drafts ``B * K``. Within a load
 bucket the batch size varies little, so a drafter's sequential passes (K of
@@ -109,14 +118,15 @@ _SHARED_AGREEMENT_SHARE = 0.1
 
 
 # features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
-# batch-wide second pass
-FEATURES_PER_DRAFTER = 4
+# batch-wide second pass, requests verifying a second draft
+FEATURES_PER_DRAFTER = 5
 
 
 def num_features(num_drafters: int) -> int:
     """1, tokens verified, then per drafter: requests drafting, draft tokens asked, batch
-    size times the step's K (what the drafter proposed for the whole batch), and batch size
-    where the step's K is 2 or more (its second pass)."""
+    size times the step's K (what the drafter proposed for the whole batch), batch size
+    where the step's K is 2 or more (its second pass), and requests verifying 2 drafts or
+    more."""
     return 2 + FEATURES_PER_DRAFTER * num_drafters
 
 
@@ -137,6 +147,7 @@ def arm_features(
     x[spec, base + 1] = batch_size * k[spec]
     x[spec, base + 2] = batch_size * k[spec]
     x[spec, base + 3] = batch_size * (k[spec] >= 2)
+    x[spec, base + 4] = batch_size * (k[spec] >= 2)
     return x
 
 
@@ -211,9 +222,11 @@ class CostModel:
         draft_tokens: np.ndarray,
         step_k: np.ndarray,
         batch_size: np.ndarray,
+        second_verified: np.ndarray,
     ) -> np.ndarray:
         """(S, F) from per-step tokens verified and batch size, and per (step, drafter slot)
-        columns: requests drafting, draft tokens asked, the step's K."""
+        columns: requests drafting, draft tokens asked, the step's K, requests verifying
+        two drafts or more."""
         x = np.empty((tokens.shape[0], self.num_features))
         x[:, 0] = 1.0
         x[:, 1] = tokens
@@ -221,6 +234,7 @@ class CostModel:
         x[:, 3::FEATURES_PER_DRAFTER] = draft_tokens
         x[:, 4::FEATURES_PER_DRAFTER] = step_k * batch_size[:, None]
         x[:, 5::FEATURES_PER_DRAFTER] = (step_k >= 2) * batch_size[:, None]
+        x[:, 6::FEATURES_PER_DRAFTER] = second_verified
         return x
 
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:

@@ -116,6 +116,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     """Censored acceptance x measured cost, Thompson probabilities, switch-off with probes."""
 
     policy_name = "specctl"
+    # 2: the cost model's features gained each drafter's requests verifying a second draft
+    state_version = 2
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()

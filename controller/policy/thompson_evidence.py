@@ -160,6 +160,7 @@ class ThompsonEvidence:
         requests: np.ndarray = np.zeros((s, nd))
         draft_tokens: np.ndarray = np.zeros((s, nd))
         step_k: np.ndarray = np.zeros((s, nd))
+        second_verified: np.ndarray = np.zeros((s, nd))
         decode_tokens: np.ndarray = np.zeros(s)
         class_slots = np.zeros(0, dtype=np.int64)
         evicted: list[tuple[str, int]] = []
@@ -204,6 +205,9 @@ class ThompsonEvidence:
             draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
                 s, nd
             )
+            second_verified = np.bincount(
+                key, weights=(batch.arm_k[spec] >= 2).astype(np.float64), minlength=s * nd
+            ).reshape(s, nd)
             # the largest K each drafter ran in each step: it proposed that many for all
             flat_k = np.zeros(s * nd)
             np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
@@ -220,6 +224,7 @@ class ThompsonEvidence:
             draft_tokens,
             step_k,
             batch.batch_size.astype(np.float64),
+            second_verified,
         )
         self.cost.update(bucket, features, batch.step_time_s)
         for b in np.unique(bucket).tolist():
@@ -515,4 +520,5 @@ class ThompsonEvidence:
         typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
         typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
         typical[5::FEATURES_PER_DRAFTER] = batch_size
+        typical[6::FEATURES_PER_DRAFTER] = batch_size
         return typical

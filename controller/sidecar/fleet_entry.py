@@ -34,7 +34,8 @@ from specctl.policy.shared import (
 )
 
 FORMAT = "specctl-fleet-evidence"
-SCHEMA_VERSION = 1
+# 2: five cost features per drafter (requests verifying a second draft)
+SCHEMA_VERSION = 2
 MAX_HEADER_BYTES = 4096
 _TEXT_FIELDS = ("sidecar_id", "instance", "pool", "model")
 _MAX_TEXT = 256

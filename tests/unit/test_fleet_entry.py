@@ -18,6 +18,7 @@ from specctl.api import pb
 from specctl.policy.cost import num_features
 from specctl.policy.shared import SharedAcceptance, SharedCost, SharedEvidence
 from specctl.sidecar.fleet_entry import (
+    SCHEMA_VERSION,
     Entry,
     EntryError,
     EntryHeader,
@@ -89,7 +90,8 @@ def test_the_format_is_json_and_base64_float64() -> None:
     """What docs/fleet.md documents: a header line, a JSON body, little-endian float64."""
     line, _, body = entry().partition(b"\n")
     header = json.loads(line)
-    assert header["format"] == "specctl-fleet-evidence" and header["schema_version"] == 1
+    assert header["format"] == "specctl-fleet-evidence"
+    assert header["schema_version"] == SCHEMA_VERSION
     assert header["body_sha256"] == hashlib.sha256(body).hexdigest()
     rounds = json.loads(body)["acceptance"]["rounds"]
     values = np.frombuffer(base64.b64decode(rounds["float64"]), dtype="<f8")
@@ -104,9 +106,13 @@ def test_the_format_is_json_and_base64_float64() -> None:
         (b"\x00\xff\n{}", "foreign", "not JSON"),
         (b'{"format": "something-else"}\n{}', "foreign", "not a specctl-fleet-evidence"),
         (
-            entry().replace(b'"schema_version":1', b'"schema_version":2', 1),
+            entry().replace(
+                b'"schema_version":%d' % SCHEMA_VERSION,
+                b'"schema_version":%d' % (SCHEMA_VERSION + 1),
+                1,
+            ),
             "foreign",
-            "schema_version=2",
+            f"schema_version={SCHEMA_VERSION + 1}",
         ),
         (entry()[:-20], "corrupt", "body is"),
         (entry()[:-5] + b"AAAAA", "corrupt", "checksum"),
