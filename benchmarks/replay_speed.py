@@ -93,6 +93,8 @@ def synthetic_log(rows: int, seed: int = 0) -> pa.Table:
         pa.array(np.full(n, 3 * ROWS_PER_STEP), pa.int32()),
         pa.array(np.ones(n, dtype=np.int64)),
         pa.array(step // 64),
+        _dict(np.zeros(n, dtype=np.int32), [""]),  # no batch drafter reported
+        pa.array(np.full(n, -1), pa.int32()),
     ]
     return pa.Table.from_arrays(columns, schema=SCHEMA)
 

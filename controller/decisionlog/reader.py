@@ -6,7 +6,10 @@ single Parquet file. Bad input (a corrupt or truncated file, an unknown schema
 version, a propensity outside (0, 1], accepted above drafted, ...) is a
 :class:`LogProblem` naming the file and the row: with ``on_bad_input="fail"``
 the first one raises :class:`LogInputError`, with ``"skip"`` the bad file or
-rows are left out and every problem is returned, never silently.
+rows are left out and every problem is returned, never silently. A file of an
+older schema version reads as the current one, the columns added since holding
+what they hold when nothing was reported
+(:func:`specctl.decisionlog.schema.with_absent_columns`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import pyarrow.parquet as pq
 
 from specctl.arms import ArmError, parse_arm
 from specctl.decisionlog.files import log_files
-from specctl.decisionlog.schema import SCHEMA, SUPPORTED_VERSIONS, VERSION_KEY
+from specctl.decisionlog.schema import (
+    NO_BATCH_DRAFTER,
+    SCHEMA,
+    SUPPORTED_VERSIONS,
+    VERSION_KEY,
+    columns_of_version,
+    with_absent_columns,
+)
 
 OnBadInput = Literal["fail", "skip"]
 
@@ -95,12 +105,14 @@ def _file_problem(path: Path) -> tuple[pa.Table | None, LogProblem | None]:
             f"decision log schema version {version.decode(errors='replace')!r} is not supported "
             f"(this specctl reads {sorted(SUPPORTED_VERSIONS)})",
         )
-    missing = [n for n in SCHEMA.names if n not in pf.schema_arrow.names]
+    names = columns_of_version(v)
+    missing = [n for n in names if n not in pf.schema_arrow.names]
     if missing:
         return None, LogProblem(name, None, "columns", f"missing columns {missing}")
     try:
-        table = pf.read(columns=SCHEMA.names)
-        table = table.cast(SCHEMA)
+        table = pf.read(columns=names)
+        table = table.cast(pa.schema([SCHEMA.field(n) for n in names], metadata=SCHEMA.metadata))
+        table = with_absent_columns(table)  # an older version's: what was not reported
     except (OSError, pa.ArrowException) as exc:
         return None, LogProblem(
             name, None, "corrupt", f"cannot be read (truncated or corrupt): {exc}"
@@ -155,6 +167,23 @@ def _row_problems(path: Path, table: pa.Table) -> tuple[np.ndarray, list[LogProb
     check(nreq < 1, "num_requests", lambda i: f"num_requests={nreq[i]} is below 1")
     lb = col("load_bucket")
     check(lb < 0, "load_bucket", lambda i: f"load_bucket={lb[i]} is negative")
+
+    draft_k = col("draft_k")
+    check(
+        draft_k < -1,
+        "draft_k",
+        lambda i: f"draft_k={draft_k[i]} is below -1 (not reported)",
+    )
+    drafter_col = table.column("batch_drafter").combine_chunks()
+    if n:
+        no_drafter = np.array(
+            [d == NO_BATCH_DRAFTER for d in drafter_col.dictionary.to_pylist()], dtype=bool
+        )
+        check(
+            (draft_k >= 0) & no_drafter[drafter_col.indices.to_numpy()],
+            "draft_k",
+            lambda i: f"draft_k={draft_k[i]} names no batch_drafter",
+        )
 
     arm_col = table.column("arm").combine_chunks()
     if n:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from specctl.arms import Arm, ArmError, parse_arm
+from specctl.decisionlog.schema import NO_BATCH_DRAFTER, NO_DRAFT_K
 from specctl.steps import StepBatch
 
 FloatArray = npt.NDArray[np.float64]
@@ -72,6 +73,7 @@ class LogRows:
     engines: tuple[str, ...]
     classes: tuple[str, ...]
     arms: tuple[Arm | None, ...]  # None: a logged name that is not an arm
+    batch_drafters: tuple[str, ...]  # "": none reported
     engine: IntArray
     workload_class: IntArray
     arm: IntArray
@@ -86,6 +88,10 @@ class LogRows:
     num_scheduled_tokens: IntArray
     policy_version: IntArray
     report_sequence: IntArray
+    # the batch drafter (a code into batch_drafters) and the K it drafted at in the row's
+    # step (-1: not reported)
+    batch_drafter: IntArray
+    draft_k: IntArray
 
     @classmethod
     def from_table(cls, table: pa.Table) -> LogRows:
@@ -93,6 +99,7 @@ class LogRows:
         engine, engines = dictionary_codes(table.column("engine_id"))
         workload_class, classes = dictionary_codes(table.column("workload_class"))
         arm, arm_names = dictionary_codes(table.column("arm"))
+        batch_drafter, batch_drafters = dictionary_codes(table.column("batch_drafter"))
 
         def ints(name: str) -> IntArray:
             return table.column(name).to_numpy().astype(np.int64, copy=False)
@@ -104,6 +111,7 @@ class LogRows:
             engines=tuple(engines),
             classes=tuple(classes),
             arms=tuple(_parse(a) for a in arm_names),
+            batch_drafters=tuple(batch_drafters),
             engine=engine,
             workload_class=workload_class,
             arm=arm,
@@ -118,6 +126,8 @@ class LogRows:
             num_scheduled_tokens=ints("num_scheduled_tokens"),
             policy_version=ints("policy_version"),
             report_sequence=ints("report_sequence"),
+            batch_drafter=batch_drafter,
+            draft_k=ints("draft_k"),
         )
 
     @property
@@ -142,7 +152,9 @@ class LogRows:
 
 
 _ROW_COLUMNS = tuple(
-    name for name in LogRows.__dataclass_fields__ if name not in ("engines", "classes", "arms")
+    name
+    for name in LogRows.__dataclass_fields__
+    if name not in ("engines", "classes", "arms", "batch_drafters")
 )
 
 
@@ -153,7 +165,9 @@ def to_step_batch(rows: LogRows, *, row_seconds: FloatArray | None = None) -> St
     columns come from its first row, and its ``num_requests`` counts its rows
     here. ``row_seconds``: each row's share of its step's time, for a batch
     of part of each step's rows (a learning candidate's accepted rounds in
-    replay); a step's time is then its rows' shares summed.
+    replay); a step's time is then its rows' shares summed. The batch drafter
+    and its K per step are those the engine reported (:func:`batch_draft_k`),
+    so the batch learns as the report it was logged from.
     """
     if rows.num_rows == 0:
         raise ValueError("a step batch needs at least one row")
@@ -174,6 +188,9 @@ def to_step_batch(rows: LogRows, *, row_seconds: FloatArray | None = None) -> St
             np.bincount(request_step, weights=row_seconds, minlength=first.shape[0]),
             MIN_STEP_TIME_S,
         )
+    batch_drafter, draft_k = batch_draft_k(
+        rows.batch_drafters, rows.batch_drafter[first], rows.draft_k[first]
+    )
     return StepBatch(
         engine_id=rows.engines[int(engines[0])],
         sequence=int(rows.report_sequence[0]),
@@ -194,6 +211,25 @@ def to_step_batch(rows: LogRows, *, row_seconds: FloatArray | None = None) -> St
         drafted=rows.drafted,
         accepted=rows.accepted,
         arm_k=np.asarray([a.k for a in arms], dtype=np.int64)[rows.arm],
+        batch_drafter=batch_drafter,
+        draft_k=draft_k,
+    )
+
+
+def batch_draft_k(
+    names: tuple[str, ...], drafter: IntArray, draft_k: IntArray
+) -> tuple[str, IntArray | None]:
+    """A step batch's batch drafter and its K per step, from each step's (a code into
+    ``names``) and K: the drafter most steps report a K for, and -1 on the steps of
+    another (as :func:`specctl.steps.merge_batches`); ``("", None)`` when no step
+    reports one, as a report without the column (or a log written before it) decodes."""
+    reported = np.array([n != NO_BATCH_DRAFTER for n in names], dtype=bool)
+    known = (draft_k >= 0) & reported[drafter] if names else np.zeros(0, dtype=bool)
+    if not known.any():
+        return NO_BATCH_DRAFTER, None
+    chosen = int(np.argmax(np.bincount(drafter[known], minlength=len(names))))
+    return names[chosen], np.where(known & (drafter == chosen), draft_k, NO_DRAFT_K).astype(
+        np.int64
     )
 
 

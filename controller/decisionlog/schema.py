@@ -6,6 +6,18 @@ and accepted, the step's time). Class, arm and engine names are
 dictionary-encoded, so a row costs a few bytes after compression. The version
 lives in the Parquet key-value metadata under :data:`VERSION_KEY`; readers
 reject versions they do not know.
+
+Versions:
+
+1. the columns up to ``report_sequence``.
+2. adds ``batch_drafter`` and ``draft_k``: the drafter the engine runs for the
+   whole batch and the K it drafted at in the step (``""`` and -1 when the
+   engine did not report it). vLLM drafts at the end of a step, at the K of
+   the arms chosen in it; those drafts are verified in the next step, so a
+   step's rows name the arms chosen one step earlier while its time holds the
+   drafting of its own K. A version-1 file reads with the defaults
+   (:func:`with_absent_columns`): learned from as from an engine that does not
+   send the column.
 """
 
 from __future__ import annotations
@@ -17,9 +29,12 @@ import pyarrow as pa
 
 from specctl.steps import StepBatch
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERSION_KEY = b"specctl.decision_log.schema_version"
-SUPPORTED_VERSIONS = frozenset({1})
+SUPPORTED_VERSIONS = frozenset({1, 2})
+# What a column holds in a file of a version before it: not reported.
+NO_BATCH_DRAFTER = ""
+NO_DRAFT_K = -1
 
 _DICT = pa.dictionary(pa.int32(), pa.string())
 
@@ -40,9 +55,37 @@ SCHEMA = pa.schema(
         pa.field("num_scheduled_tokens", pa.int32(), nullable=False),
         pa.field("policy_version", pa.int64(), nullable=False),
         pa.field("report_sequence", pa.int64(), nullable=False),
+        # since version 2: the batch drafter ("": none reported) and the K it drafted at
+        # in the step (-1: not reported)
+        pa.field("batch_drafter", _DICT, nullable=False),
+        pa.field("draft_k", pa.int32(), nullable=False),
     ],
     metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
+
+
+# The version each column first appears in (the others are in every version).
+ADDED_IN = {"batch_drafter": 2, "draft_k": 2}
+
+
+def columns_of_version(version: int) -> list[str]:
+    """The columns a file of ``version`` holds, in schema order."""
+    return [name for name in SCHEMA.names if ADDED_IN.get(name, 1) <= version]
+
+
+def with_absent_columns(table: pa.Table) -> pa.Table:
+    """``table`` (the columns of an older version, in schema order) with the columns
+    added since filled with what they hold when nothing was reported, as :data:`SCHEMA`."""
+    n = table.num_rows
+    defaults = {
+        "batch_drafter": _dict_column(np.zeros(n, dtype=np.int32), [NO_BATCH_DRAFTER]),
+        "draft_k": pa.array(np.full(n, NO_DRAFT_K, dtype=np.int32), type=pa.int32()),
+    }
+    arrays = [
+        table.column(name) if name in table.column_names else defaults[name]
+        for name in SCHEMA.names
+    ]
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
 def _dict_column(indices: np.ndarray, values: list[str]) -> pa.DictionaryArray:
@@ -69,6 +112,7 @@ def batches_to_table(batches: Sequence[StepBatch]) -> pa.Table:
     engines: dict[str, int] = {}
     classes: dict[str, int] = {}
     arms: dict[str, int] = {}
+    batch_drafters: dict[str, int] = {}
     cols: dict[str, list[np.ndarray]] = {name: [] for name in SCHEMA.names}
     for b in batches:
         order = np.lexsort((b.class_index, b.request_step))
@@ -92,7 +136,19 @@ def batches_to_table(batches: Sequence[StepBatch]) -> pa.Table:
         cols["num_scheduled_tokens"].append(b.num_scheduled_tokens[step])
         cols["policy_version"].append(b.policy_version[step])
         cols["report_sequence"].append(np.full(r, b.sequence, dtype=np.int64))
-    tables = {"engine_id": list(engines), "workload_class": list(classes), "arm": list(arms)}
+        # the drafter's K per step, None when the engine did not report one
+        draft_k = b.draft_k if b.batch_drafter != NO_BATCH_DRAFTER else None
+        drafter = batch_drafters.setdefault(
+            b.batch_drafter if draft_k is not None else NO_BATCH_DRAFTER, len(batch_drafters)
+        )
+        cols["batch_drafter"].append(np.full(r, drafter, dtype=np.int32))
+        cols["draft_k"].append(draft_k[step] if draft_k is not None else np.full(r, NO_DRAFT_K))
+    tables = {
+        "engine_id": list(engines),
+        "workload_class": list(classes),
+        "arm": list(arms),
+        "batch_drafter": list(batch_drafters),
+    }
     arrays = []
     for field_ in SCHEMA:
         parts = cols[field_.name]

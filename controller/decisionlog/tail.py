@@ -36,12 +36,19 @@ class LogTail:
     problems: tuple[str, ...] = ()
 
     def offered(self) -> dict[str, int]:
-        """Drafter -> the largest K the rows ran it at: what must be offered to learn them."""
+        """Drafter -> the largest K the rows ran it at, or their steps' batch drafter
+        drafted at: what must be offered to learn them."""
         out: dict[str, int] = {}
         for code in np.unique(self.rows.arm):
             arm = self.rows.arms[int(code)]
             if arm is not None and not arm.is_off:
                 out[arm.drafter] = max(out.get(arm.drafter, 0), arm.k)
+        rows = self.rows
+        for code in np.unique(rows.batch_drafter):
+            drafter = rows.batch_drafters[int(code)]
+            k = int(rows.draft_k[rows.batch_drafter == code].max())
+            if drafter and k > 0:
+                out[drafter] = max(out.get(drafter, 0), k)
         return out
 
 

@@ -59,6 +59,11 @@ class LoggedRounds:
     step_index: IntArray
     step_batch_size: IntArray
     step_scheduled_tokens: IntArray
+    # the engine's batch drafter (a code into batch_drafters, "": none reported) and the K
+    # it drafted at in the step (-1: not reported), for a candidate that learns step cost
+    batch_drafters: tuple[str, ...]
+    step_batch_drafter: IntArray
+    step_draft_k: IntArray
     # units, length U (a unit's rows are rows[unit_start[u]:unit_start[u] + unit_rows[u]])
     unit_start: IntArray
     unit_step: IntArray
@@ -294,6 +299,9 @@ def prepare(table: pa.Table) -> LoggedRounds:
         step_index=step_index[step_start],
         step_batch_size=rows.batch_size[step_start],
         step_scheduled_tokens=rows.num_scheduled_tokens[step_start],
+        batch_drafters=rows.batch_drafters,
+        step_batch_drafter=rows.batch_drafter[step_start],
+        step_draft_k=rows.draft_k[step_start],
         unit_start=unit_start,
         unit_step=unit_step,
         unit_context=unit_context.astype(np.int64),

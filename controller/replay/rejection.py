@@ -51,7 +51,8 @@ def _batches_of(
 ) -> list[StepBatch]:
     """What the candidate would have seen: the accepted rounds as step batches, per engine.
 
-    A step carries only its accepted rows, with their share of the step's time;
+    A step carries only its accepted rows, with their share of the step's time, and
+    the K the engine's batch drafter drafted at in it, as the engine reported;
     ``propensity`` is the candidate's, per unit of ``units`` (sorted).
     """
     rows = _rows_of(data, units)
@@ -62,6 +63,7 @@ def _batches_of(
         engines=data.engines,
         classes=data.classes,
         arms=data.arms,
+        batch_drafters=data.batch_drafters,
         engine=data.step_engine[step],
         workload_class=data.unit_class[unit],
         arm=data.unit_arm[unit],
@@ -76,6 +78,8 @@ def _batches_of(
         num_scheduled_tokens=data.step_scheduled_tokens[step],
         policy_version=np.zeros(rows.shape[0], dtype=np.int64),
         report_sequence=np.full(rows.shape[0], sequence, dtype=np.int64),
+        batch_drafter=data.step_batch_drafter[step],
+        draft_k=data.step_draft_k[step],
     )
     batches = []
     for engine in np.unique(accepted.engine):

@@ -19,6 +19,7 @@ from replay_support import Environment, logging_dist, run
 
 from specctl.decisionlog import (
     SCHEMA,
+    SCHEMA_VERSION,
     DecisionLogConfig,
     DecisionLogWriter,
     LogInputError,
@@ -54,7 +55,7 @@ def test_round_trip_keeps_every_row_in_order(tmp_path: Path) -> None:
     # close() merged the two segments into one file carrying the schema version
     assert [p.name for p in log_files([tmp_path])] == ["decisions-0000000001-0000000002.parquet"]
     metadata = pq.ParquetFile(log.files[0]).schema_arrow.metadata
-    assert metadata[b"specctl.decision_log.schema_version"] == b"1"
+    assert metadata[b"specctl.decision_log.schema_version"] == str(SCHEMA_VERSION).encode()
 
 
 def test_rows_of_a_step_and_class_are_adjacent(tmp_path: Path) -> None:
@@ -173,7 +174,7 @@ def test_a_killed_writer_leaves_a_log_that_replays(tmp_path: Path) -> None:
     assert read_decision_log([log_dir]).num_rows == log.num_rows + writer.rows_written
 
 
-def _write_rows(path: Path, table: pa.Table, version: bytes = b"1") -> None:
+def _write_rows(path: Path, table: pa.Table, version: bytes = str(SCHEMA_VERSION).encode()) -> None:
     meta = dict(table.schema.metadata or {})
     meta[b"specctl.decision_log.schema_version"] = version
     pq.write_table(table.replace_schema_metadata(meta), path)
