@@ -4,14 +4,15 @@ The demo is a short preset of the real-engine benchmark (``specctl bench
 --engine vllm --workload demo``): it builds the testbed (a target whose decode
 is memory-bound at small batch and compute-bound at large batch, and a draft
 model derived from it; no download), starts ``specctl serve`` and vLLM's
-OpenAI-compatible server with specctl's scheduler, and sends three workload
-classes (greedy, temperature 0.6, temperature 1.0) at low and then high
-concurrency. In each phase it sweeps a few static arms (every class pinned
+OpenAI-compatible server with specctl's scheduler, and sends four workload
+classes (greedy, temperature 0.15, temperature 1.0, and a greedy class with a
+repetition penalty below 1 that copies its context, where n-gram drafts win)
+at low and then high concurrency. In each phase it sweeps a few static arms (every class pinned
 through the sidecar's override, on the same engine) and runs specctl, and
 prints while specctl learns each class's most likely arm, its probability and
 how steady the decision is. At the end it prints side by side no speculation,
-the best static arm of the sweep and specctl (committed tokens per engine CPU
-second, per phase), the oracle (the best static arm per class and phase in
+the best static arm of the sweep and specctl (committed tokens per second,
+per phase), the oracle (the best static arm per class and phase in
 hindsight) and the arm specctl chose per class, and writes the benchmark's
 JSON, ``demo.png`` (arm choices and decision stability over time) and
 ``bench.png``. Ctrl-C stops everything it started.
