@@ -31,7 +31,7 @@ class SpecctlConfig:
     switch_off_confidence: float = 0.95
     switch_on_confidence: float = 0.8
     prior_arm: str | None = None
-    cold_start_rounds: float = 200.0
+    cold_start_rounds: float = 50.0
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
     max_rounds: float = 5000.0
