@@ -33,9 +33,6 @@ class SyntheticEnv:
     # what a step whose deepest K is 2 or more costs beyond pass_s * K: a draft model's
     # first token comes with a pass that runs anyway, its second does not
     second_pass_s: float = 0.0
-    # drafter -> the share of rounds in which it proposes its K drafts (an n-gram lookup
-    # proposes only where the context repeats; otherwise nothing); 1 if absent
-    match_rate: dict[str, float] = field(default_factory=dict)
     noise_s: float = 0.0
     seed: int = 0
     rng: np.random.Generator = field(init=False)
@@ -53,9 +50,6 @@ class SyntheticEnv:
         picks = self.rng.choice(len(decision.arms), size=batch_size, p=decision.probabilities)
         arms = [decision.arms[i] for i in picks]
         ks = np.array([a.k for a in arms])
-        if self.match_rate:  # what each round proposed
-            match = np.array([self.match_rate.get(a.drafter, 1.0) for a in arms])
-            ks = np.where(self.rng.random(ks.shape[0]) < match, ks, 0)
         rates = np.array([self.acceptance.get(a.drafter, 0.0) for a in arms])
         batch = self._learn(
             policy,

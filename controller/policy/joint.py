@@ -24,10 +24,8 @@ class JointChoice:
         off + sum_c n_c * per_request[a_c] + sum_d max_{c runs d} wide[a_c]
 
     with ``n_c`` the class's requests per step: verification and a drafter's
-    per-request cost add up over requests (scaled, per class and arm, by the
-    share of its K drafts the class's rounds propose: ``proposed``); a
-    drafter's batch-wide passes are paid once, at the largest K any class runs
-    with it. Goodput is
+    per-request cost add up over requests; a drafter's batch-wide passes are
+    paid once, at the largest K any class runs with it. Goodput is
     ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
     one arm this is the step time of the whole batch running it.
 
@@ -46,7 +44,6 @@ class JointChoice:
         count: np.ndarray,
         tokens: list[np.ndarray],
         step_time: np.ndarray,
-        proposed: list[np.ndarray] | None = None,
     ) -> None:
         n = off.shape[0]
         self.step_time = step_time
@@ -54,11 +51,7 @@ class JointChoice:
         self.rows = np.arange(n)
         # per class, (draws, arms): tokens and per-request time scaled by its requests
         self.tokens = [(t * c).astype(np.float32) for t, c in zip(tokens, count, strict=True)]
-        shares = proposed if proposed is not None else [np.ones(per_request.shape[1])] * len(count)
-        self.per_request = [
-            (per_request * (c * share)).astype(np.float32)
-            for c, share in zip(count, shares, strict=True)
-        ]
+        self.per_request = [(per_request * c).astype(np.float32) for c in count]
         # (chains, draws, arms): an arm's batch-wide time in its drafter's chain, else 0
         chains = max(num_chains, 1)
         self.wide = np.zeros((chains, n, chain.shape[0]), dtype=np.float32)

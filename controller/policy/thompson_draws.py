@@ -46,9 +46,6 @@ from specctl.policy.truncated import nonnegative_draws
 # classes change): it moves with the evidence, which a handful of steps barely moves
 _JOINT_REFRESH_STEPS = 16
 _MAX_SPEEDUP_OF_DRAW = 2.0
-# rounds, at the prior, that proposed every draft of their K (see _proposed_share): an arm
-# the class has barely run is charged as if it drafted K
-_PROPOSED_PRIOR_ROUNDS = 5.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7
 
@@ -154,34 +151,10 @@ class PosteriorDraws:
             if slot in joint:
                 return joint[slot]
         tokens = self._token_samples(slot)
-        batch_size, step_time, batch_wide = self._step_time_samples(bucket)
-        proposed = self._proposed_share(slot)
-        if (proposed < 1.0).any():
-            # what the class's rounds verify is what they propose
-            per_request = step_time - step_time[:, :1] - batch_wide
-            step_time = step_time - per_request * (1.0 - proposed).astype(np.float32)
+        batch_size, step_time, _ = self._step_time_samples(bucket)
         goodput = tokens / step_time
         goodput *= batch_size
         return ContextDraws(goodput, tokens, step_time)
-
-    def _proposed_share(self, slot: int | None) -> np.ndarray:
-        """Per arm, the share of its K drafts the class's rounds propose (1 for ``off``
-        and for a drafter that always drafts K). An n-gram lookup proposes only where
-        the context repeats: a class whose rounds find a match one time in three
-        verifies, and pays for, a third of an arm's drafts, and its acceptance per
-        round already counts the rounds without a match as drafts rejected at the
-        first position; charging every round the cost of K drafts made such arms look
-        a few times as expensive as they are."""
-        share = np.ones(len(self._arms))
-        if slot is None or len(self._arms) < 2:
-            return share
-        rates = self.learned.acceptance.drafted_share(
-            slot, self._drafters, self._max_k, _PROPOSED_PRIOR_ROUNDS
-        )
-        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
-        for i, arm in enumerate(self._arms[1:], start=1):
-            share[i] = rates[drafter_index[self.learned.drafter_slot[arm.drafter]], arm.k - 1]
-        return share
 
     def _step_time_samples(self, bucket: int) -> tuple[float, np.ndarray, np.ndarray]:
         """The bucket's batch size, draws of step time, (num_samples, arms), and the part
@@ -310,7 +283,6 @@ class PosteriorDraws:
             count,
             tokens,
             step_time,
-            [self._proposed_share(int(m)) for m in members],
         )
         return game, tokens
 

@@ -190,7 +190,6 @@ class ThompsonEvidence:
                 batch.arm_k,
                 batch.accepted,
                 batch.request_step,
-                batch.drafted,
             )
             if self.acceptance.has_shared:
                 self.acceptance.weigh_shared(class_slots)
@@ -198,18 +197,17 @@ class ThompsonEvidence:
             decode_tokens = np.bincount(
                 batch.request_step, weights=batch.drafted + 1.0, minlength=s
             )
-            # per (step, drafter slot): requests that proposed drafts, the drafts, and the
-            # requests verifying two or more. What a row verifies is what its drafter
-            # proposed, which for an n-gram lookup is often fewer than its K, or none
+            # per (step, drafter slot): requests drafting, and the K they asked of it
             row_slot = drafter_slots[drafter_index]
             spec = row_slot >= 0
             key = batch.request_step[spec] * nd + row_slot[spec]
-            proposed = np.minimum(batch.drafted[spec], batch.arm_k[spec]).astype(np.float64)
-            requests = np.bincount(key, weights=proposed >= 1, minlength=s * nd).reshape(s, nd)
-            draft_tokens = np.bincount(key, weights=proposed, minlength=s * nd).reshape(s, nd)
-            second_verified = np.bincount(key, weights=proposed >= 2, minlength=s * nd).reshape(
+            requests = np.bincount(key, minlength=s * nd).reshape(s, nd)
+            draft_tokens = np.bincount(key, weights=batch.arm_k[spec], minlength=s * nd).reshape(
                 s, nd
             )
+            second_verified = np.bincount(
+                key, weights=(batch.arm_k[spec] >= 2).astype(np.float64), minlength=s * nd
+            ).reshape(s, nd)
             # the largest K each drafter ran in each step: it proposed that many for all
             flat_k = np.zeros(s * nd)
             np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
@@ -364,7 +362,7 @@ class ThompsonEvidence:
         block = np.zeros((ci.size, di.size, 2, counts.shape[3]))
         block[..., :k] = part.counts[np.ix_(ci, di)]
         counts[np.ix_(c_slots[ci], d_slots[di])] = block
-        block = np.zeros((ci.size, di.size, arm_stats.shape[2], arm_stats.shape[3]))
+        block = np.zeros((ci.size, di.size, 3, arm_stats.shape[3]))
         block[..., : k + 1] = part.arm_stats[np.ix_(ci, di)]
         arm_stats[np.ix_(c_slots[ci], d_slots[di])] = block
         rounds[c_slots[ci]] = part.rounds[ci]

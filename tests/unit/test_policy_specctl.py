@@ -654,21 +654,3 @@ def test_a_target_pass_that_jumps_at_two_drafts_is_learned_apart_from_the_drafti
     30 + 10 + 2 (tokens) + 20 (the jump, 4 requests) = 62 ms more than K=1."""
     policy = _lagged_policy(True, seed, ks=(1, 2, 3), verify_jump_s=0.005)
     assert _step_time_gap(policy, long_k=2) == pytest.approx(0.062, rel=0.15)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_an_ngram_arm_is_charged_for_the_drafts_it_proposes(seed: int) -> None:
-    """An n-gram lookup finds a match in 30% of a copying class's rounds and proposes
-    nothing in the rest; a match is accepted 90% a position. A step costs 2 ms per token
-    verified, so n-gram arms gain 19-26% over off (off 222 tokens/s, ngram/k=2 265,
-    k=4 280). Charged as if every round verified K drafts, every n-gram arm looks
-    slower than off (k=2: 178) and the class runs off."""
-    policy = specctl()
-    env = SyntheticEnv(
-        drafters=NGRAM, acceptance={"ngram": 0.9}, match_rate={"ngram": 0.3},
-        base_s=0.02, token_s=2e-3, pass_s=0.0, noise_s=1e-3, seed=seed,
-    )  # fmt: skip
-    for _ in range(600):
-        env.run_step(policy, "copy", 0, 8)
-    decision = policy.select_action("copy", 0)
-    assert decision.probability_of(OFF) < 0.1, decision.explanation
