@@ -127,9 +127,10 @@ def test_static_arms_are_measured_per_class_and_pinned(run: dict[str, Any]) -> N
         clients = {"low": 1, "high": 4}[phase]
         for arm in ("off", "ngram/k=2"):
             seg = _seg(out, f"static:{arm}", phase)
-            # the engine time the counters cover: the 3 s asked for, give or take the sidecar
-            # learning behind on a loaded machine (a report interval, a burst)
-            assert 2.0 <= seg["window_s"] <= 10.0
+            # the engine time the counters cover: the 3 s asked for, not the whole run. It
+            # stretches when the sidecar learns behind on a loaded machine: a reading waits
+            # for it up to 15 s, so the window can hold up to that much more engine time
+            assert 2.0 <= seg["window_s"] <= 3.0 + 2 * 15.0, seg
             assert seg["engine_cpu_s"] > 0
             for c in CLASSES:
                 v = seg["classes"][c]
