@@ -33,6 +33,9 @@ class SyntheticEnv:
     # what a step whose deepest K is 2 or more costs beyond pass_s * K: a draft model's
     # first token comes with a pass that runs anyway, its second does not
     second_pass_s: float = 0.0
+    # what a step in which anything is drafted costs at all (a drafter's pass over the
+    # batch that K does not scale): beyond a step without speculation
+    spec_fixed_s: float = 0.0
     noise_s: float = 0.0
     seed: int = 0
     rng: np.random.Generator = field(init=False)
@@ -110,7 +113,7 @@ class SyntheticEnv:
         tokens = int((1 + ks).sum())
         depth = int(ks.max())
         step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
-        step_time += self.second_pass_s * (depth >= 2)
+        step_time += self.second_pass_s * (depth >= 2) + self.spec_fixed_s * (depth >= 1)
         if self.noise_s > 0.0:
             step_time = max(step_time + self.noise_s * float(self.rng.standard_normal()), 1e-4)
         self.steps += 1

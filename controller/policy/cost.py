@@ -177,6 +177,9 @@ class CostModel:
         self.xty = np.zeros((num_buckets, f))
         self.yy = np.zeros(num_buckets)
         self.steps = np.zeros(num_buckets)
+        # steps in which nothing was drafted or verified (discounted like ``steps``): they
+        # are what tells the cost of a step without speculation from a drafter's fixed cost
+        self.off_steps = np.zeros(num_buckets)
         sigma0 = 0.1 * prior_step_s
         self.noise_var = np.full(num_buckets, sigma0 * sigma0)
         # the latest posterior mean per bucket: the fit residuals are taken against
@@ -213,6 +216,7 @@ class CostModel:
             "cost_cusum": self.cusum,
             "cost_changes": self.changes,
             "cost_outliers": self.outliers,
+            "cost_off_steps": self.off_steps,
         }
 
     def step_features(
@@ -259,6 +263,7 @@ class CostModel:
             self.xty[b] += weight * y * x1
             self.yy[b] = self.yy[b] * d + weight * y * y
             self.steps[b] = self.steps[b] * d + weight
+            self.off_steps[b] = self.off_steps[b] * d + float(not x1[2:].any())
 
     def _detect_change(self, b: int, z: float) -> None:
         z = min(max(z, -_CUSUM_CLIP), _CUSUM_CLIP)
@@ -270,6 +275,7 @@ class CostModel:
             self.xty[b] *= keep
             self.yy[b] *= keep
             self.steps[b] *= keep
+            self.off_steps[b] *= keep
             self.changes[b] += 1
             # this engine's cost moved: the fleet's evidence waits until it agrees again
             self.shared_held[b] = True

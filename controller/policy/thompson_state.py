@@ -167,6 +167,7 @@ def read_state(
             *("class_mix", "class_mix_present", "class_mix_steps", "bucket_steps"),
             *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
             "cost_outliers",
+            "cost_off_steps",
         )
     }
     prior["cost_fit"] = np.broadcast_to(evidence.cost.prior_mean, evidence.cost.fit.shape)
