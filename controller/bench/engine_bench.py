@@ -254,8 +254,10 @@ class EngineBench:
             sampler = asyncio.create_task(self._sample(meta, stop))
         try:
             await self._sleep_watching(lead, load)
-            start = await asyncio.to_thread(read_caught_up, server, sidecar, time.time())
+            # vLLM's counter is read from the same instant: the start reading can wait
+            # seconds for a busy sidecar to catch up, and the cross-check covers the window
             vllm_start = asyncio.create_task(asyncio.to_thread(vllm_tokens, server))
+            start = await asyncio.to_thread(read_caught_up, server, sidecar, time.time())
             meta["measured"] = True
             # the window runs from the engine time the start reading covers
             end_at = (start.learned_until or time.time()) + seconds

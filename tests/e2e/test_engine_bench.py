@@ -201,9 +201,9 @@ def test_engine_tokens_agree_with_vllm_and_off_shares(run: dict[str, Any]) -> No
     )
     assert 0.8 * vllm_rate <= rate <= 1.2 * vllm_rate, (rate, vllm_rate)
     for s in segments:
-        assert (
-            s["vllm_generation_tokens"] > 0 and sum(v["tokens"] for v in s["classes"].values()) > 0
-        )
+        assert sum(v["tokens"] for v in s["classes"].values()) > 0, s
+        # vLLM's own interval is a scrape's length shorter or longer than the window
+        assert s["vllm_window_s"] < 1.0 or s["vllm_generation_tokens"] > 0, s
     spec = out["policies"]["specctl"]
     for c in CLASSES:
         rounds = sum(_seg(out, "specctl", p)["classes"][c]["rounds"] for p in PHASES)
