@@ -32,7 +32,8 @@ evidence is encoded as a fleet entry (:mod:`specctl.sidecar.fleet_entry`),
 read back and checked, the others' latest are summed and merged into its book
 (:meth:`~specctl.sidecar.book.PolicyBook.merge_shared`), and its engine gets
 its sidecar's new policy. The rounds are paced as the store paces them (the
-first at a tenth of the interval, then doubling up to it), and at each the
+first at a tenth of the interval, then after waits that grow with the time
+since the start up to it), and at each the
 replicas take turns in a random order, as rounds out of phase do. A real
 Redis round trip per round would add wall time to the benchmark and change
 nothing that is merged, so none is made. The goal: 16 sharing replicas pay no
@@ -59,7 +60,7 @@ from specctl.policy.registry import make_policy
 from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.fleet_entry import Entry, EntryHeader, decode_entry, encode_entry
-from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE
+from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, round_wait
 from specctl.sim.engine import InProcessLink, SimulatedEngine, World
 from specctl.sim.scenario import Scenario, build_scenarios
 
@@ -120,13 +121,13 @@ def merge(replica: Replica, others: list[SharedEvidence]) -> None:
 
 
 def round_steps(steps: int, exchange_steps: int) -> list[int]:
-    """The steps at which the store's rounds come: the first at a tenth of the interval,
-    then at intervals doubling up to it (as FleetStore.run paces them)."""
-    out, t, pace = [], 0.0, exchange_steps * FIRST_ROUND_SHARE
+    """The steps at which the store's rounds come, as FleetStore.run paces them: the first
+    at a tenth of the interval (the latest the store's random first round comes), then
+    after the waits of :func:`~specctl.sidecar.fleet_store.round_wait`."""
+    out, t = [], exchange_steps * FIRST_ROUND_SHARE
     while t < steps:
-        t += pace
         out.append(min(steps, max(1, round(t))))
-        pace = min(pace * 2.0, float(exchange_steps))
+        t += round_wait(t, float(exchange_steps))
     return sorted(set(out))
 
 
