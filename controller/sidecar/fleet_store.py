@@ -22,6 +22,11 @@ jitter up to ``fleet.reconnect_max_s``; meanwhile the sidecar serves on its
 own evidence and on the fleet's last merge, which it drops once that is older
 than an entry's expiry, as the store would have. A member that stops
 publishing ages out of the store the same way.
+
+A class reset on one member (``ResetClass``) reaches the others through the
+entries: each carries the resets its writer has applied, a member that reads
+a later reset of a class than it has applied forgets the class too, and
+nobody merges a member's evidence of a class from before its latest reset.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from specctl.logs import get_logger
-from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
+from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost, without_classes
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import FleetConfig
 from specctl.sidecar.fleet_entry import (
@@ -170,6 +175,7 @@ class _Read:
     digest: str
     header: EntryHeader | None = None
     evidence: SharedEvidence | None = None
+    resets: dict[str, float] | None = None
     error: EntryError | None = None
 
 
@@ -279,8 +285,10 @@ class FleetStore:
             identity = self.identity()
         if identity is None:
             return  # no engine yet, and nothing says which model this sidecar serves
+        reset = self._apply_resets(reads, identity)
         shared, members = self._combine(reads, identity)
         changed, left_out = self.book.merge_shared(shared)
+        changed |= reset
         if left_out.classes_without_slot or left_out.drafters_without_slot:
             log.warning(
                 "fleet_evidence_left_out",
@@ -352,7 +360,8 @@ class FleetStore:
             model=identity.model,
             published_unix_s=self.clock(),
         )
-        data = await asyncio.to_thread(encode_entry, Entry(header, evidence))
+        entry = Entry(header, evidence, self.book.fleet_resets())
+        data = await asyncio.to_thread(encode_entry, entry)
         if len(data) > self.config.max_entry_bytes:
             log.error(
                 "fleet_entry_too_large",
@@ -400,11 +409,11 @@ class FleetStore:
                         f"the entry names pool {header.pool!r} and sidecar "
                         f"{header.sidecar_id!r}, not its key's",
                     )
-                evidence = read_body(body)
+                evidence, resets = read_body(body)
             except EntryError as exc:
                 out.append(_Read(key, digest, error=exc))
                 continue
-            out.append(_Read(key, digest, header=header, evidence=evidence))
+            out.append(_Read(key, digest, header=header, evidence=evidence, resets=resets))
         return out
 
     # ------------------------------------------------------------------ merging
@@ -418,13 +427,42 @@ class FleetStore:
                 self._model = r.header.model
                 return
 
+    def _members(self, reads: Sequence[_Read], identity: FleetIdentity) -> list[_Read]:
+        """The other members' entries of this sidecar's model that are checked and fresh."""
+        now = self.clock()
+        return [
+            r
+            for r in reads
+            if r.header is not None
+            and r.header.sidecar_id != identity.sidecar_id
+            and r.header.model == identity.model
+            and now - r.header.published_unix_s <= _STALE_EXPIRIES * self.config.entry_ttl_s
+        ]
+
+    def _apply_resets(self, reads: Sequence[_Read], identity: FleetIdentity) -> bool:
+        """Forget the classes another member reset since this sidecar last did; True if
+        the published policy changed."""
+        latest: dict[str, float] = {}
+        for r in self._members(reads, identity):
+            for name, epoch in (r.resets or {}).items():
+                latest[name] = max(epoch, latest.get(name, epoch))
+        changed = False
+        for name, epoch in latest.items():
+            if self.book.apply_fleet_reset(name, epoch):
+                changed = True
+                log.info("fleet_class_reset", workload_class=name, epoch=epoch)
+        return changed
+
     def _combine(
         self, reads: Sequence[_Read], identity: FleetIdentity
     ) -> tuple[SharedEvidence | None, tuple[int, int]]:
         """The sum of the other members' evidence: acceptance of the same model, cost of
-        the same pool and load buckets. Bad entries are counted and logged once each."""
+        the same pool and load buckets. A member's acceptance of a class it has not
+        reset since the class's latest reset is left out. Bad entries are counted and
+        logged once each."""
         now = self.clock()
         own_key = identity.key(self.config.key_prefix)
+        resets = self.book.fleet_resets()
         acceptance, cost = [], []
         present = set()
         for r in reads:
@@ -455,8 +493,16 @@ class FleetStore:
                 continue
             if header.model != identity.model:
                 continue  # another model's fleet
-            if r.evidence.acceptance is not None:
-                acceptance.append(r.evidence.acceptance)
+            part = r.evidence.acceptance
+            if part is not None:
+                # a class this member has not reset yet: its evidence is from before
+                entry_resets = r.resets or {}
+                stale = {
+                    name for name, epoch in resets.items() if entry_resets.get(name, -1.0) < epoch
+                }
+                part = without_classes(part, stale) if stale else part
+            if part is not None:
+                acceptance.append(part)
             c = r.evidence.cost
             if (
                 header.pool == identity.pool
