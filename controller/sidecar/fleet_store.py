@@ -145,9 +145,11 @@ def round_wait(since_start_s: float, interval_s: float) -> float:
     start, and decide best on all of it: between two rounds a replica decides on
     what the fleet knew at the first, a share ``t / (t + wait)`` of what it knows
     by the second. The wait is ``ROUND_GROWTH`` of the time since the start, so
-    that share stays at 80% or more; rounds that doubled from a tenth of the
-    interval let it fall to a third in the first second, when every decision
-    rests on little and costs the most (measured in benchmarks/fleet_regret.py).
+    that once the wait is past its floor (0.4 of the interval after the start)
+    that share stays at about 80% (78% with the jitter at its longest); rounds
+    that doubled from a tenth of the interval let it fall to a third in the
+    first second, when every decision rests on little and costs the most
+    (measured in benchmarks/fleet_regret.py).
     The wait is never shorter than ``FIRST_ROUND_SHARE`` of the interval (an
     engine reports every 0.2 s by default: faster rounds would find nothing
     new) nor longer than the interval. A member makes about 14 rounds in its
