@@ -27,6 +27,7 @@ from specctl.logs import get_logger
 from specctl.policy.base import Decision, Policy
 from specctl.policy.shared import MergeReport, SharedEvidence, SharesEvidence
 from specctl.sidecar.book_stats import BookStats, Context
+from specctl.sidecar.fleet_entry import MAX_RESETS
 from specctl.sidecar.published import (
     BookEvidence,
     ContextEvidence,
@@ -48,9 +49,9 @@ Sink = Callable[[StepBatch], Any]
 # Goodput estimates need a policy.evidence() call per context: refresh them at most this often.
 EVIDENCE_REFRESH_S = 1.0
 # A class reset is shared with the fleet this long (see PolicyBook.fleet_resets), and at most
-# this many of the latest.
+# as many of the latest as a fleet entry may carry (readers refuse an entry with more).
 RESET_MEMORY_S = 24 * 3600.0
-MAX_FLEET_RESETS = 256
+MAX_FLEET_RESETS = MAX_RESETS
 # a reset's epoch is later than the last one this sidecar knows of by at least this
 _RESET_EPOCH_STEP_S = 1e-3
 
