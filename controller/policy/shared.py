@@ -19,7 +19,7 @@ Cholesky factorisation, so none reaches a policy unchecked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -171,6 +171,24 @@ def sum_acceptance(parts: Sequence[SharedAcceptance]) -> SharedAcceptance | None
         arm_stats[np.ix_(ci, di)] = arm_stats[np.ix_(ci, di)] + _pad(p.arm_stats, k + 1)
         rounds[ci] += p.rounds
     return SharedAcceptance(tuple(classes), tuple(drafters), counts, arm_stats, rounds)
+
+
+def without_classes(part: SharedAcceptance, classes: Collection[str]) -> SharedAcceptance | None:
+    """``part`` without the evidence of ``classes`` (None when nothing is left): a member's
+    evidence of a class from before the class's latest reset is dropped, its other classes'
+    kept."""
+    keep = [i for i, c in enumerate(part.classes) if c not in classes]
+    if len(keep) == len(part.classes):
+        return part
+    if not keep:
+        return None
+    return SharedAcceptance(
+        tuple(part.classes[i] for i in keep),
+        part.drafters,
+        part.counts[keep],
+        part.arm_stats[keep],
+        part.rounds[keep],
+    )
 
 
 def sum_cost(parts: Sequence[SharedCost]) -> SharedCost | None:

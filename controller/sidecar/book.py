@@ -27,6 +27,7 @@ from specctl.logs import get_logger
 from specctl.policy.base import Decision, Policy
 from specctl.policy.shared import MergeReport, SharedEvidence, SharesEvidence
 from specctl.sidecar.book_stats import BookStats, Context
+from specctl.sidecar.fleet_entry import MAX_RESETS
 from specctl.sidecar.published import (
     BookEvidence,
     ContextEvidence,
@@ -47,6 +48,12 @@ log = get_logger(__name__)
 Sink = Callable[[StepBatch], Any]
 # Goodput estimates need a policy.evidence() call per context: refresh them at most this often.
 EVIDENCE_REFRESH_S = 1.0
+# A class reset is shared with the fleet this long (see PolicyBook.fleet_resets), and at most
+# as many of the latest as a fleet entry may carry (readers refuse an entry with more).
+RESET_MEMORY_S = 24 * 3600.0
+MAX_FLEET_RESETS = MAX_RESETS
+# a reset's epoch is later than the last one this sidecar knows of by at least this
+_RESET_EPOCH_STEP_S = 1e-3
 
 
 class UnknownClassError(KeyError):
@@ -104,6 +111,8 @@ class PolicyBook:
         self._cache: dict[tuple[int, frozenset[tuple[str, int]], Arm], EnginePolicy] = {}
         self._stale_evidence: set[Context] = set()
         self._off_contexts: set[Context] = set()  # contexts whose most likely arm is off
+        # class -> epoch (unix s) of its latest reset, made here or by another member
+        self._resets: dict[str, float] = {}
         self._evidence_refreshed = 0.0
         self.policy.set_arms(self._arms)
         self._add_class(default_class)
@@ -429,12 +438,51 @@ class PolicyBook:
         return self.version
 
     def reset_class(self, workload_class: str) -> int:
-        """Forget what the policy learned for a class; returns the new version."""
+        """Forget what the policy learned for a class; returns the new version.
+
+        The reset gets an epoch, the time now or just after the latest reset of
+        the class this sidecar knows of (clocks of other members may be ahead),
+        that a fleet's store shares (:meth:`fleet_resets`): the other members
+        forget the class too, and nobody merges evidence of it from before.
+        """
         if workload_class not in self._classes:
             raise UnknownClassError(workload_class)
+        known = self._resets.get(workload_class)
+        epoch = self.clock() if known is None else max(self.clock(), known + _RESET_EPOCH_STEP_S)
+        self._resets[workload_class] = epoch
         self.policy.reset_class(workload_class)
         self._republish([(workload_class, b) for b in range(self.num_load_buckets)], force=True)
         return self.version
+
+    def fleet_resets(self) -> dict[str, float]:
+        """The class resets this sidecar has applied, to share with its fleet: class ->
+        epoch, the latest ``MAX_FLEET_RESETS`` of the last ``RESET_MEMORY_S``.
+
+        A reset must outlive the evidence from before it in the store: entries
+        expire within seconds, but a member may come back from a snapshot saved
+        before the reset, and is held back by the reset for as long as it is kept.
+        """
+        since = self.clock() - RESET_MEMORY_S
+        recent = sorted(
+            ((epoch, name) for name, epoch in self._resets.items() if epoch >= since),
+            reverse=True,
+        )[:MAX_FLEET_RESETS]
+        self._resets = {name: epoch for epoch, name in recent}
+        return dict(self._resets)
+
+    def apply_fleet_reset(self, workload_class: str, epoch: float) -> bool:
+        """Another member reset the class at ``epoch``: forget it here too, unless this
+        sidecar has applied that reset or a later one. True if the published policy
+        changed."""
+        known = self._resets.get(workload_class)
+        if (known is not None and known >= epoch) or epoch < self.clock() - RESET_MEMORY_S:
+            return False  # applied, or forgotten here already (a member's clock is behind)
+        self._resets[workload_class] = epoch
+        if workload_class not in self._classes:
+            return False  # nothing learned here; evidence from before it is not merged
+        self.policy.reset_class(workload_class)
+        contexts = [(workload_class, b) for b in range(self.num_load_buckets)]
+        return self._republish(contexts, force=True)
 
     def set_fallback_arm(self, arm: Arm | None) -> int:
         """Change the fallback every engine is told (None: each engine's own); a new version."""

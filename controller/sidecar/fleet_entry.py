@@ -3,7 +3,11 @@
 The header says whose entry it is (sidecar id, the instance of the process
 that wrote it, pool, model), when it was published, and the body's length
 and SHA-256; the body holds the evidence (:mod:`specctl.policy.shared`),
-every array as its shape and its float64 values, little-endian, in base64.
+every array as its shape and its float64 values, little-endian, in base64,
+and the classes reset in the fleet that the writer has applied, each with the
+epoch of its last reset (:meth:`~specctl.sidecar.book.PolicyBook.reset_class`):
+a reader drops a class's evidence from an entry whose writer has not applied
+the class's latest reset.
 No pickle: JSON and numbers only, so any reader in any language can check
 and read it (docs/fleet.md documents the format). A reader checks, in this
 order, the size, the header, the body's length and checksum, then every
@@ -21,7 +25,8 @@ import binascii
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,11 +37,15 @@ from specctl.policy.shared import (
     SharedEvidence,
     SharedEvidenceError,
 )
+from specctl.steps import validate_class_name
 
 FORMAT = "specctl-fleet-evidence"
 # 2: five cost features per drafter (requests verifying a second draft)
-SCHEMA_VERSION = 2
+# 3: the body's resets
+SCHEMA_VERSION = 3
 MAX_HEADER_BYTES = 4096
+# class resets an entry carries at most (the most recent, see PolicyBook.fleet_resets)
+MAX_RESETS = 256
 _TEXT_FIELDS = ("sidecar_id", "instance", "pool", "model")
 _MAX_TEXT = 256
 
@@ -66,6 +75,8 @@ class EntryHeader:
 class Entry:
     header: EntryHeader
     evidence: SharedEvidence
+    # class -> epoch of the latest reset of the class that the writer has applied
+    resets: Mapping[str, float] = field(default_factory=dict)
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -88,6 +99,7 @@ def encode_entry(entry: Entry) -> bytes:
             "drafters": list(c.drafters),
             **{name: _array(getattr(c, name)) for name in _COST_ARRAYS},
         }
+    body["resets"] = {name: float(entry.resets[name]) for name in sorted(entry.resets)}
     data = json.dumps(body, separators=(",", ":")).encode()
     h = entry.header
     header = {
@@ -136,12 +148,14 @@ def read_header(data: bytes, *, max_bytes: int) -> tuple[EntryHeader, bytes]:
     return EntryHeader(**fields, published_unix_s=float(published)), body
 
 
-def read_body(body: bytes) -> SharedEvidence:
-    """The evidence of a body whose checksum matched, every value checked."""
+def read_body(body: bytes) -> tuple[SharedEvidence, dict[str, float]]:
+    """The evidence and the class resets of a body whose checksum matched, every value
+    checked."""
     try:
         data = json.loads(body)
-        if not isinstance(data, dict) or set(data) != {"acceptance", "cost"}:
-            raise EntryError("corrupt", "body must hold exactly 'acceptance' and 'cost'")
+        if not isinstance(data, dict) or set(data) != {"acceptance", "cost", "resets"}:
+            raise EntryError("corrupt", "body must hold exactly 'acceptance', 'cost' and 'resets'")
+        resets = _resets(data["resets"])
         acceptance = cost = None
         if data["acceptance"] is not None:
             a = _table(data["acceptance"], "acceptance")
@@ -168,13 +182,14 @@ def read_body(body: bytes) -> SharedEvidence:
         raise EntryError("corrupt", f"body is not JSON: {exc}") from None
     except SharedEvidenceError as exc:
         raise EntryError("corrupt", str(exc)) from None
-    return SharedEvidence(acceptance, cost)
+    return SharedEvidence(acceptance, cost), resets
 
 
 def decode_entry(data: bytes, *, max_bytes: int) -> Entry:
     """Check and read a whole entry; EntryError names what is wrong."""
     header, body = read_header(data, max_bytes=max_bytes)
-    return Entry(header, read_body(body))
+    evidence, resets = read_body(body)
+    return Entry(header, evidence, resets)
 
 
 _COST_ARRAYS = (
@@ -191,6 +206,25 @@ _COST_ARRAYS = (
 def _array(values: np.ndarray) -> dict[str, Any]:
     data = np.ascontiguousarray(values, dtype="<f8").tobytes()
     return {"shape": list(values.shape), "float64": base64.b64encode(data).decode()}
+
+
+def _resets(value: object) -> dict[str, float]:
+    if not isinstance(value, dict) or len(value) > MAX_RESETS:
+        raise EntryError("corrupt", f"resets must be a table of at most {MAX_RESETS} classes")
+    out = {}
+    for name, epoch in value.items():
+        problem = validate_class_name(name)
+        if problem is not None:
+            raise EntryError("corrupt", f"resets: {problem}")
+        if (
+            not isinstance(epoch, int | float)
+            or isinstance(epoch, bool)
+            or not math.isfinite(epoch)
+            or epoch < 0.0
+        ):
+            raise EntryError("corrupt", f"resets: {name!r} has epoch {epoch!r}, not a time")
+        out[name] = float(epoch)
+    return out
 
 
 def _table(value: object, where: str) -> dict[str, Any]:

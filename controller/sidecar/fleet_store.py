@@ -22,6 +22,11 @@ jitter up to ``fleet.reconnect_max_s``; meanwhile the sidecar serves on its
 own evidence and on the fleet's last merge, which it drops once that is older
 than an entry's expiry, as the store would have. A member that stops
 publishing ages out of the store the same way.
+
+A class reset on one member (``ResetClass``) reaches the others through the
+entries: each carries the resets its writer has applied, a member that reads
+a later reset of a class than it has applied forgets the class too, and
+nobody merges a member's evidence of a class from before its latest reset.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from specctl.logs import get_logger
-from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
+from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost, without_classes
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import FleetConfig
 from specctl.sidecar.fleet_entry import (
@@ -73,9 +78,12 @@ _FAILURE_LOG_INTERVAL_S = 30.0
 # entries published longer ago than this many expiries are stale (an entry written
 # without expiry, or a clock far off): skipped
 _STALE_EXPIRIES = 3.0
-# the first round comes within this share of fleet.publish_interval_s, and the interval
-# doubles from it up to publish_interval_s (see FleetStore.run)
+# the first round comes within this share of fleet.publish_interval_s, and no wait between
+# rounds is shorter (see round_wait)
 FIRST_ROUND_SHARE = 0.1
+# until rounds are fleet.publish_interval_s apart, the wait before the next round is this
+# share of the time since the task started (see round_wait)
+ROUND_GROWTH = 0.25
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -130,6 +138,28 @@ class FleetMetrics:
             self.errors.labels(operation)
 
 
+def round_wait(since_start_s: float, interval_s: float) -> float:
+    """The wait before the next round, ``since_start_s`` after the task started.
+
+    Replicas started together have evidence in proportion to the time since the
+    start, and decide best on all of it: between two rounds a replica decides on
+    what the fleet knew at the first, a share ``t / (t + wait)`` of what it knows
+    by the second. The wait is ``ROUND_GROWTH`` of the time since the start, so
+    that once the wait is past its floor (0.4 of the interval after the start)
+    that share stays at about 80% (78% with the jitter at its longest); rounds
+    that doubled from a tenth of the interval let it fall to a third in the
+    first second, when every decision rests on little and costs the most
+    (measured in benchmarks/fleet_regret.py).
+    The wait is never shorter than ``FIRST_ROUND_SHARE`` of the interval (an
+    engine reports every 0.2 s by default: faster rounds would find nothing
+    new) nor longer than the interval. A member makes about 14 rounds in its
+    first 4 s with rounds of 1 s (6 when they doubled), then one a second: a few
+    more small reads and writes in a fleet's first seconds, none after.
+    """
+    floor = FIRST_ROUND_SHARE * interval_s
+    return min(interval_s, max(floor, ROUND_GROWTH * since_start_s))
+
+
 class StoreFailed(Exception):
     """A round with the store failed at ``operation``."""
 
@@ -147,6 +177,7 @@ class _Read:
     digest: str
     header: EntryHeader | None = None
     evidence: SharedEvidence | None = None
+    resets: dict[str, float] | None = None
     error: EntryError | None = None
 
 
@@ -208,14 +239,15 @@ class FleetStore:
 
         The first rounds come quicker: the first within a tenth of
         ``fleet.publish_interval_s`` (at a random moment, so that sidecars started
-        together do not arrive together), then at intervals that double up to
-        it. Evidence is worth most when there is least of it: a new member merges
-        the fleet's at once, and replicas that start together pool their first
-        steps' evidence before each has explored much on its own.
+        together do not arrive together), then after waits that grow with the
+        time since the start up to it (:func:`round_wait`). Evidence is worth most
+        when there is least of it: a new member merges the fleet's at once, and
+        replicas that start together pool their first steps' evidence before each
+        has explored much on its own.
         """
         interval = self.config.publish_interval_s
-        pace = interval * FIRST_ROUND_SHARE
-        await asyncio.sleep(self._rng.uniform(0.0, pace))
+        start = time.monotonic()
+        await asyncio.sleep(self._rng.uniform(0.0, interval * FIRST_ROUND_SHARE))
         backoff = interval
         while True:
             started = time.monotonic()
@@ -235,9 +267,9 @@ class FleetStore:
             else:
                 self._succeeded()
                 backoff = interval
-            elapsed = time.monotonic() - started
-            await asyncio.sleep(max(0.0, pace * self._rng.uniform(0.9, 1.1) - elapsed))
-            pace = min(pace * 2.0, interval)
+            now = time.monotonic()
+            wait = round_wait(now - start, interval) * self._rng.uniform(0.9, 1.1)
+            await asyncio.sleep(max(0.0, wait - (now - started)))
 
     async def close(self) -> None:
         await self._close_client()
@@ -255,8 +287,10 @@ class FleetStore:
             identity = self.identity()
         if identity is None:
             return  # no engine yet, and nothing says which model this sidecar serves
+        reset = self._apply_resets(reads, identity)
         shared, members = self._combine(reads, identity)
         changed, left_out = self.book.merge_shared(shared)
+        changed |= reset
         if left_out.classes_without_slot or left_out.drafters_without_slot:
             log.warning(
                 "fleet_evidence_left_out",
@@ -328,7 +362,8 @@ class FleetStore:
             model=identity.model,
             published_unix_s=self.clock(),
         )
-        data = await asyncio.to_thread(encode_entry, Entry(header, evidence))
+        entry = Entry(header, evidence, self.book.fleet_resets())
+        data = await asyncio.to_thread(encode_entry, entry)
         if len(data) > self.config.max_entry_bytes:
             log.error(
                 "fleet_entry_too_large",
@@ -376,11 +411,11 @@ class FleetStore:
                         f"the entry names pool {header.pool!r} and sidecar "
                         f"{header.sidecar_id!r}, not its key's",
                     )
-                evidence = read_body(body)
+                evidence, resets = read_body(body)
             except EntryError as exc:
                 out.append(_Read(key, digest, error=exc))
                 continue
-            out.append(_Read(key, digest, header=header, evidence=evidence))
+            out.append(_Read(key, digest, header=header, evidence=evidence, resets=resets))
         return out
 
     # ------------------------------------------------------------------ merging
@@ -394,13 +429,42 @@ class FleetStore:
                 self._model = r.header.model
                 return
 
+    def _members(self, reads: Sequence[_Read], identity: FleetIdentity) -> list[_Read]:
+        """The other members' entries of this sidecar's model that are checked and fresh."""
+        now = self.clock()
+        return [
+            r
+            for r in reads
+            if r.header is not None
+            and r.header.sidecar_id != identity.sidecar_id
+            and r.header.model == identity.model
+            and now - r.header.published_unix_s <= _STALE_EXPIRIES * self.config.entry_ttl_s
+        ]
+
+    def _apply_resets(self, reads: Sequence[_Read], identity: FleetIdentity) -> bool:
+        """Forget the classes another member reset since this sidecar last did; True if
+        the published policy changed."""
+        latest: dict[str, float] = {}
+        for r in self._members(reads, identity):
+            for name, epoch in (r.resets or {}).items():
+                latest[name] = max(epoch, latest.get(name, epoch))
+        changed = False
+        for name, epoch in latest.items():
+            if self.book.apply_fleet_reset(name, epoch):
+                changed = True
+                log.info("fleet_class_reset", workload_class=name, epoch=epoch)
+        return changed
+
     def _combine(
         self, reads: Sequence[_Read], identity: FleetIdentity
     ) -> tuple[SharedEvidence | None, tuple[int, int]]:
         """The sum of the other members' evidence: acceptance of the same model, cost of
-        the same pool and load buckets. Bad entries are counted and logged once each."""
+        the same pool and load buckets. A member's acceptance of a class it has not
+        reset since the class's latest reset is left out. Bad entries are counted and
+        logged once each."""
         now = self.clock()
         own_key = identity.key(self.config.key_prefix)
+        resets = self.book.fleet_resets()
         acceptance, cost = [], []
         present = set()
         for r in reads:
@@ -431,8 +495,16 @@ class FleetStore:
                 continue
             if header.model != identity.model:
                 continue  # another model's fleet
-            if r.evidence.acceptance is not None:
-                acceptance.append(r.evidence.acceptance)
+            part = r.evidence.acceptance
+            if part is not None:
+                # a class this member has not reset yet: its evidence is from before
+                entry_resets = r.resets or {}
+                stale = {
+                    name for name, epoch in resets.items() if entry_resets.get(name, -1.0) < epoch
+                }
+                part = without_classes(part, stale) if stale else part
+            if part is not None:
+                acceptance.append(part)
             c = r.evidence.cost
             if (
                 header.pool == identity.pool

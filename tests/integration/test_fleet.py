@@ -5,7 +5,8 @@ Each sidecar serves a simulated engine of its own workload class over gRPC
 What one learns changes the others' decisions within 2 s; killing the store
 leaves all three serving, with the fault on /metrics, and they re-join when it
 returns; a restarted sidecar comes back with the fleet's evidence; corrupt,
-foreign and oversized entries planted in the store are counted and skipped.
+foreign and oversized entries planted in the store are counted and skipped; a
+class reset on one sidecar is forgotten by all three.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import structlog.testing
 from conftest import SidecarFactory
 from fleet_support import PREFIX, Replica, fleet_metric, fleet_settings
 
+from specctl.api import pb, pb_grpc
+from specctl.sidecar.fleet_entry import decode_entry
 from specctl.testing.redis_server import RedisServer
 
 CLASSES = {"a": "chat", "b": "code", "c": "math"}
@@ -239,6 +243,53 @@ def test_corrupt_foreign_and_oversized_entries_are_counted_and_skipped(
         rejected = [(e["key"], e["reason"]) for e in logs if e["event"] == "fleet_entry_rejected"]
         for reason, key in planted.items():
             assert rejected.count((key, reason)) == len(fleet), (key, rejected)
+    finally:
+        for replica in fleet.values():
+            replica.close()
+
+
+def test_a_class_reset_on_one_sidecar_is_forgotten_by_the_whole_fleet(
+    sidecar_factory: SidecarFactory, redis_server: RedisServer
+) -> None:
+    token = Path(tempfile.mkdtemp(prefix="specctl-admin-")) / "token"
+    token.write_text("fleet-admin-token\n")
+    fleet = start_fleet(
+        sidecar_factory, redis_server, admin_enabled=True, admin_token_file=str(token)
+    )
+    a, b, c = fleet["a"], fleet["b"], fleet["c"]
+    try:
+        # chat runs behind a and b: each has chat evidence of its own, c only the fleet's
+        b.send(40, LOW, "chat")
+        for replica in fleet.values():
+            wait_until(lambda r=replica: r.rounds("chat") > 500, 30, "chat at every sidecar")
+        code = b.rounds("code")
+        with grpc.insecure_channel(a.sidecar.address) as channel:
+            admin = pb_grpc.SpecControllerAdminStub(channel)
+            admin.ResetClass(
+                pb.ResetClassRequest(workload_class="chat"),
+                metadata=(("authorization", "Bearer fleet-admin-token"),),
+                timeout=10,
+            )
+        # b forgets its own chat evidence too, and nobody merges it back: neither a, whose
+        # merge of b's would restore it, nor c
+        for replica in fleet.values():
+            wait_until(
+                lambda r=replica: r.rounds("chat") < 1.0, 10, f"{replica.engine_id} to forget chat"
+            )
+        time.sleep(2.0)  # four rounds of 0.5 s
+        assert [r.rounds("chat") for r in (a, b, c)] == [0.0, 0.0, 0.0]
+        assert b.rounds("code") > 0.5 * code  # the other classes are kept
+        with redis_server.client() as client:
+            for key in client.scan_iter(match=f"{PREFIX}*"):
+                data = client.get(key)
+                assert isinstance(data, bytes)
+                assert "chat" in decode_entry(data, max_bytes=1 << 22).resets, key
+        # what is learned of chat after the reset is shared as before
+        b.send(40, LOW, "chat")
+        for replica in (a, c):
+            wait_until(
+                lambda r=replica: r.rounds("chat") > 100, 30, "chat's new evidence to be shared"
+            )
     finally:
         for replica in fleet.values():
             replica.close()

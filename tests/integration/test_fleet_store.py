@@ -1,4 +1,5 @@
-"""The shared evidence store's connection: TLS and AUTH, a wrong password, a slow store.
+"""The shared evidence store's connection: TLS and AUTH, a wrong password, a slow store,
+and how often a sidecar's rounds with it come.
 
 Each test runs its own redis-server. A store that refuses the sidecar or stops
 answering costs the sidecar its sharing, counted on /metrics, never its
@@ -8,6 +9,9 @@ store waits out its timeout.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import tempfile
 import threading
 import time
@@ -18,7 +22,14 @@ import pytest
 from conftest import SidecarFactory
 from fleet_support import PREFIX, Replica, fleet_metric, fleet_settings
 from pki_support import issue, make_ca
+from prometheus_client import CollectorRegistry
 
+from specctl.policy.registry import make_policy
+from specctl.sidecar.book import PolicyBook
+from specctl.sidecar.config import FleetConfig
+from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, ROUND_GROWTH, FleetStore, round_wait
+from specctl.sidecar.metrics import SidecarMetrics
+from specctl.sidecar.sessions import Sessions
 from specctl.testing.redis_server import RedisServer, RedisTls
 
 
@@ -175,3 +186,66 @@ def test_without_a_store_configured_there_is_no_fleet(sidecar_factory: SidecarFa
         assert not any(name.startswith("specctl_fleet_") for name in a.metrics())
     finally:
         a.close()
+
+
+class TimedStore(FleetStore):
+    """The sidecar's store task, noting when each of its rounds starts."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.round_starts: list[float] = []
+
+    async def round(self) -> None:
+        self.round_starts.append(time.monotonic())
+        await super().round()
+
+
+async def rounds_of(server: RedisServer, interval: float, seconds: float) -> list[float]:
+    """Run a store task against ``server`` for ``seconds``: its rounds' start times, from the
+    task's start."""
+    config = FleetConfig(
+        url=server.url,
+        password_file=str(server.password_file()),
+        key_prefix=PREFIX,
+        pool="pacing",
+        sidecar_id="sidecar-pacing",
+        publish_interval_s=interval,
+        entry_ttl_s=3.0 * interval,
+        timeout_s=5.0,
+    )
+    book = PolicyBook(make_policy("specctl", {}))
+    store = TimedStore(
+        config,
+        book,
+        Sessions(SidecarMetrics()),
+        CollectorRegistry(),
+        lambda: None,
+        listen="unix:///nowhere.sock",
+    )
+    start = time.monotonic()
+    task = asyncio.create_task(store.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await store.close()
+    failed = [store.metrics.errors.labels(op)._value.get() for op in ("connect", "read")]
+    assert failed == [0.0, 0.0]  # every round reached the store: no backoff in the times
+    return [t - start for t in store.round_starts]
+
+
+def test_a_new_sidecars_rounds_come_often_first_then_once_an_interval(directory: Path) -> None:
+    interval = 0.5
+    with RedisServer(directory) as server:
+        starts = asyncio.run(rounds_of(server, interval, 3.5))
+    # the first within a tenth of the interval (and the event loop's lag on a busy machine)
+    assert starts[0] <= FIRST_ROUND_SHARE * interval + 0.1, starts
+    for before, after in itertools.pairwise(starts):
+        # a round never comes before its wait (less the jitter): the wait grows with the
+        # time since the start, from a tenth of the interval ...
+        assert after - before >= 0.9 * round_wait(before, interval) - 1e-3, starts
+        if before >= interval / ROUND_GROWTH + 0.2:
+            # ... to the interval, once the task has run 1 / ROUND_GROWTH intervals
+            assert after - before <= 1.1 * interval + 0.25, starts
+    # rounds doubling from a tenth of the interval made 10 in 3.5 s; these make about 17
+    assert len(starts) >= 13, starts

@@ -52,6 +52,30 @@ def test_every_query_reads_exported_metrics_only() -> None:
         assert name in read, name
 
 
+def test_every_fleet_series_has_a_panel() -> None:
+    """Each series of fleet-wide learning (``specctl_fleet_*``) is read by a panel of the
+    fleet's row: a series added to FleetMetrics without a panel fails here."""
+    from prometheus_client import CollectorRegistry
+
+    from specctl.sidecar.fleet_store import FleetMetrics
+
+    registry = CollectorRegistry()
+    FleetMetrics(registry)
+    suffix = {"counter": "_total", "histogram": "_bucket"}
+    wanted = {f.name + suffix.get(f.type, "") for f in registry.collect()}
+    assert len(wanted) == 7, wanted
+    dashboard = json.loads(DASHBOARD.read_text())
+    rows = [p for p in panels(dashboard) if p["type"] == "row"]
+    top = next(r["gridPos"]["y"] for r in rows if r["title"].startswith("Fleet"))
+    bottom = min((r["gridPos"]["y"] for r in rows if r["gridPos"]["y"] > top), default=1 << 30)
+    read_in_row: set[str] = set()
+    for panel in dashboard["panels"]:
+        if panel["type"] != "row" and top < panel["gridPos"]["y"] < bottom:
+            for target in panel["targets"]:
+                read_in_row |= promql_metric_names(target["expr"])
+    assert wanted - read_in_row == set(), f"no panel for {wanted - read_in_row}"
+
+
 def test_panels_use_the_datasource_variable_and_rate_interval() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}

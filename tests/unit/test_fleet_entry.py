@@ -54,9 +54,9 @@ def evidence(seed: int = 0) -> SharedEvidence:
     )
 
 
-def entry(ev: SharedEvidence | None = None) -> bytes:
+def entry(ev: SharedEvidence | None = None, resets: dict[str, float] | None = None) -> bytes:
     header = EntryHeader("sidecar-1", "0123abcd", "pool-a", "tiny-llama", 1.7e9)
-    return encode_entry(Entry(header, ev or evidence()))
+    return encode_entry(Entry(header, ev or evidence(), resets or {"chat": 1.7e9 - 60.0}))
 
 
 def rewrite(data: bytes, change: object) -> bytes:
@@ -82,6 +82,7 @@ def test_an_entry_round_trips_exactly() -> None:
     assert decoded.evidence.cost is not None and ev.cost is not None
     np.testing.assert_array_equal(decoded.evidence.cost.xtx, ev.cost.xtx)
     assert decoded.evidence.cost.load_bucket_bounds == (8, 32, 128)
+    assert decoded.resets == {"chat": 1.7e9 - 60.0}
     empty = decode_entry(entry(SharedEvidence(None, None)), max_bytes=MAX)
     assert empty.evidence == SharedEvidence(None, None)
 
@@ -91,8 +92,9 @@ def test_the_format_is_json_and_base64_float64() -> None:
     line, _, body = entry().partition(b"\n")
     header = json.loads(line)
     assert header["format"] == "specctl-fleet-evidence"
-    assert header["schema_version"] == SCHEMA_VERSION
+    assert header["schema_version"] == SCHEMA_VERSION == 3
     assert header["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert json.loads(body)["resets"] == {"chat": 1.7e9 - 60.0}
     rounds = json.loads(body)["acceptance"]["rounds"]
     values = np.frombuffer(base64.b64decode(rounds["float64"]), dtype="<f8")
     assert rounds["shape"] == [2] and values.shape == (2,)
@@ -114,6 +116,12 @@ def test_the_format_is_json_and_base64_float64() -> None:
             "foreign",
             f"schema_version={SCHEMA_VERSION + 1}",
         ),
+        (
+            # a sidecar of schema 2, before entries carried class resets
+            entry().replace(b'"schema_version":3', b'"schema_version":2', 1),
+            "foreign",
+            "schema_version=2",
+        ),
         (entry()[:-20], "corrupt", "body is"),
         (entry()[:-5] + b"AAAAA", "corrupt", "checksum"),
         (
@@ -132,7 +140,13 @@ def test_a_bad_entry_is_refused_with_its_reason(data: bytes, reason: str, messag
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda b: b.update(extra=1), "exactly 'acceptance' and 'cost'"),
+        (lambda b: b.update(extra=1), "exactly 'acceptance', 'cost' and 'resets'"),
+        (lambda b: b.pop("resets"), "exactly 'acceptance', 'cost' and 'resets'"),
+        (lambda b: b.update(resets=[]), "resets must be a table"),
+        (lambda b: b["resets"].update({"no spaces": 1.0}), "resets: workload class"),
+        (lambda b: b["resets"].update(chat=-1.0), "not a time"),
+        (lambda b: b["resets"].update(chat="yesterday"), "not a time"),
+        (lambda b: b.update(resets={f"c{i}": 1.0 for i in range(257)}), "at most 256"),
         (lambda b: b["acceptance"]["counts"].update(shape=[2, 2, 2, 6]), "bytes of values"),
         (lambda b: b["acceptance"]["counts"].update(float64="!!"), "not base64"),
         (lambda b: b["acceptance"].update(classes=["chat", 7]), "list of names"),
