@@ -239,13 +239,15 @@ def test_a_new_sidecars_rounds_come_often_first_then_once_an_interval(directory:
     with RedisServer(directory) as server:
         starts = asyncio.run(rounds_of(server, interval, 3.5))
     # the first within a tenth of the interval (and the event loop's lag on a busy machine)
-    assert starts[0] <= FIRST_ROUND_SHARE * interval + 0.1, starts
+    assert starts[0] <= FIRST_ROUND_SHARE * interval + 0.5, starts
     for before, after in itertools.pairwise(starts):
         # a round never comes before its wait (less the jitter): the wait grows with the
         # time since the start, from a tenth of the interval ...
         assert after - before >= 0.9 * round_wait(before, interval) - 1e-3, starts
         if before >= interval / ROUND_GROWTH + 0.2:
             # ... to the interval, once the task has run 1 / ROUND_GROWTH intervals
-            assert after - before <= 1.1 * interval + 0.25, starts
-    # rounds doubling from a tenth of the interval made 10 in 3.5 s; these make about 17
-    assert len(starts) >= 13, starts
+            # (and a busy machine's lag: a round is a few round trips to the store)
+            assert after - before <= 1.1 * interval + 1.0, starts
+    # rounds doubling from a tenth of the interval made 10 in 3.5 s; these make about 17,
+    # and a machine busy enough to delay a few rounds still leaves more than doubling's
+    assert len(starts) >= 12, starts
