@@ -46,6 +46,9 @@ from specctl.steps import StepBatch, merge_batches, validate_class_name
 log = get_logger(__name__)
 
 Sink = Callable[[StepBatch], Any]
+# a switched-off context's share of speculating rounds is published again when it has
+# moved by this factor from what engines run (see _probes_moved)
+PROBE_SHARE_FACTOR = 2.0
 # Goodput estimates need a policy.evidence() call per context: refresh them at most this often.
 EVIDENCE_REFRESH_S = 1.0
 # A class reset is shared with the fleet this long (see PolicyBook.fleet_resets), and at most
@@ -70,7 +73,8 @@ class PolicyBook:
     """The published policy per (workload class, load bucket), versioned.
 
     ``version`` moves when a distribution changes materially (total variation
-    above ``push_threshold``), on an override, and when a class appears.
+    above ``push_threshold``, or a switched-off context's probes halved or
+    doubled), on an override, and when a class appears.
     Every published distribution also goes to the context's stability tracker
     (``flip_margin`` and ``stability_window_s`` configure it; ``clock`` times it).
     """
@@ -227,6 +231,7 @@ class PolicyBook:
                 force
                 or new.override != old.override
                 or total_variation(new.decision, old.decision) > self.push_threshold
+                or _probes_moved(new.decision, old.decision)
             ):
                 self._publish(ctx, new)
                 changed = True
@@ -601,3 +606,21 @@ class PolicyBook:
             for bucket in range(self.num_load_buckets)
         ]
         return BookEvidence(self.version, self.policy_name, tuple(contexts))
+
+
+def _probes_moved(new: Decision, old: Decision) -> bool:
+    """Whether a switched-off context's probes moved enough to publish: its share of
+    speculating rounds halved or doubled (``PROBE_SHARE_FACTOR``) since the one engines
+    run. Total variation alone never sees it: probes are a few percent of the rounds, so
+    moving from 5% to 0.5% is a distance of 0.045, under a push threshold of 0.05, and
+    engines kept speculating on ten times the rounds the policy meant to, where every
+    speculative arm loses (in the simulator's load swing, 4% of the rounds at a batch of
+    256, each costing up to three plain steps). A context that does not probe at all, or
+    is not off, is left to total variation."""
+    if not (new.mode.is_off or old.mode.is_off):
+        return False
+    probes_new = 1.0 - new.probability_of(OFF)
+    probes_old = 1.0 - old.probability_of(OFF)
+    if probes_new <= 0.0 or probes_old <= 0.0:
+        return False
+    return max(probes_new / probes_old, probes_old / probes_new) > PROBE_SHARE_FACTOR

@@ -103,6 +103,32 @@ def test_version_moves_only_on_material_change() -> None:
     assert _value(book, "specctl_policy_version") == v + 2
 
 
+def test_a_switched_off_contexts_probes_are_published_when_they_halve_or_double() -> None:
+    """Probes are a few percent of a switched-off context's rounds: a move from 4% to 1% is
+    under the push threshold in total variation, but is four times the speculation where
+    every speculative arm loses; it is published. Smaller moves, and moves of a context
+    that is not off, are left to total variation."""
+    policy = SettablePolicy()
+    book = PolicyBook(policy, push_threshold=0.05)
+    book.offer(OFFERED)
+    probe = parse_arm("ngram/k=2")
+    published = []
+    for dist in (
+        {"off": 0.9, "ngram/k=2": 0.1},  # total variation 0.1 from off: published
+        {"off": 0.96, "ngram/k=2": 0.04},  # 0.06: published
+        {"off": 0.98, "ngram/k=2": 0.02},  # half the probes: not more than halved
+        {"off": 0.99, "ngram/k=2": 0.01},  # a quarter of the published probes
+        {"off": 0.985, "ngram/k=2": 0.015},
+        {"off": 0.97, "ngram/k=2": 0.03},  # three times the published probes
+        {"ngram/k=2": 0.99, "ngram/k=4": 0.01},  # on: total variation 0.98
+        {"ngram/k=2": 0.995, "ngram/k=4": 0.005},  # not off: a 0.005 move is no news
+    ):
+        policy.distribution = dist
+        book.ingest(_batch([("default", "off", 0, 0)]))
+        published.append(book.decision("default", 0).probability_of(probe))
+    assert published == [0.1, 0.04, 0.04, 0.01, 0.01, 0.03, 0.99, 0.99]
+
+
 def test_classes_beyond_the_limit_fold_into_the_default_class() -> None:
     policy = SettablePolicy()
     book = PolicyBook(policy, max_classes=3)
