@@ -3,8 +3,23 @@
 Classes in one batch share its step: one class's long drafts lengthen the step
 for every request in it, and a model drafter proposes the step's largest K for
 the whole batch. :class:`JointChoice` evaluates joint choices (one arm per
-class) on the posterior draws and finds, per draw, the one that maximises the
-batch's committed tokens per second, by coordinate ascent.
+class) on the posterior draws and finds, per draw, the one that gives the
+classes' work the most committed tokens per second of engine time, by
+coordinate ascent.
+
+What is maximised is the engine's goodput over the work the classes bring,
+not over the batch as it is now. A request holds its slot in the batch until
+it has committed its tokens, so a class whose rounds commit more leaves its
+slots sooner, to the classes behind it: the batch's mix follows the choice
+(requests per step of a class go as its share of the committed tokens over
+its tokens per round). Holding today's mix fixed instead charged a class's
+speculation to the others' goodput as if its requests were to stay as many:
+a class that accepts less than the others but still gains alone was kept
+``off`` where it lost on its own goodput and on the engine's (in the
+simulator's ``drift``, math500 after its acceptance halves: ``off`` held
+the batch's goodput at the mix of the moment 1% above ``eagle3/k=1``, where
+over the work the engine's goodput is 7% higher with ``eagle3/k=1``). What a
+step's batch-wide drafting costs is still paid by every request in it.
 """
 
 from __future__ import annotations
@@ -19,15 +34,21 @@ _SWEEPS = 3
 class JointChoice:
     """Goodput of joint arm choices of the classes sharing a batch, per posterior draw.
 
-    Step time of a choice ``a`` (one arm per class, per draw)::
+    Engine time per committed token of a choice ``a`` (one arm per class, per
+    draw)::
 
-        off + sum_c n_c * per_request[a_c] + sum_d max_{c runs d} wide[a_c]
+        sum_c d_c * (off / B + per_request[a_c] + wide(a) / B) / tokens_c[a_c]
+        wide(a) = sum_d max_{c runs d} wide[a_c]
 
-    with ``n_c`` the class's requests per step: verification and a drafter's
-    per-request cost add up over requests; a drafter's batch-wide passes are
-    paid once, at the largest K any class runs with it. Goodput is
-    ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
-    one arm this is the step time of the whole batch running it.
+    with ``d_c`` the class's share of the committed tokens and ``B`` the batch
+    size: each slot of the batch costs its share of ``off`` and its own
+    per-request time, and a drafter's batch-wide passes, paid once at the
+    largest K any class runs with it, are shared by every slot; a class's
+    slots last as long as its tokens take, ``d_c / tokens_c`` per committed
+    token. Goodput is the inverse. When one class is the whole batch it is the
+    batch's tokens per second at its arm, ``B * tokens / step``, as a class
+    deciding alone has it. Where drafting costs nothing batch-wide the choice
+    comes apart: each class's best arm is the one best for its own goodput.
 
     A choice is kept with what each class's arm contributes, updated as one
     class moves, so one class's best response is a handful of array operations
@@ -41,26 +62,34 @@ class JointChoice:
         wide: np.ndarray,
         chain: np.ndarray,
         num_chains: int,
-        count: np.ndarray,
+        batch_size: float,
+        demand: np.ndarray,
         tokens: list[np.ndarray],
         step_time: np.ndarray,
     ) -> None:
         n = off.shape[0]
         self.step_time = step_time
-        self.off = off.astype(np.float32)
+        self.batch_size = float(batch_size)
         self.rows = np.arange(n)
-        # per class, (draws, arms): tokens and per-request time scaled by its requests
-        self.tokens = [(t * c).astype(np.float32) for t, c in zip(tokens, count, strict=True)]
-        self.per_request = [(per_request * c).astype(np.float32) for c in count]
-        # (chains, draws, arms): an arm's batch-wide time in its drafter's chain, else 0
+        share = np.asarray(demand, dtype=np.float64)
+        share = share / share.sum()
+        slot = (off / self.batch_size)[:, None]
+        # per class, (draws, arms): its engine time per committed token without the
+        # batch-wide passes, and its slots per committed token
+        self.time = []
+        self.slots = []
+        for t, d in zip(tokens, share, strict=True):
+            self.time.append((d * (slot + per_request) / t).astype(np.float32))
+            self.slots.append((d / t).astype(np.float32))
+        # (chains, draws, arms): an arm's batch-wide time per slot in its drafter's chain
         chains = max(num_chains, 1)
         self.wide = np.zeros((chains, n, chain.shape[0]), dtype=np.float32)
         for j in range(chains):
             own = chain == j
-            self.wide[j][:, own] = wide[:, own]
+            self.wide[j][:, own] = wide[:, own] / self.batch_size
         self.choice = np.zeros((n, len(tokens)), dtype=np.int64)
-        self.sel_tokens = np.zeros((len(tokens), n), dtype=np.float32)
         self.sel_time = np.zeros((len(tokens), n), dtype=np.float32)
+        self.sel_slots = np.zeros((len(tokens), n), dtype=np.float32)
         self.sel_wide = np.zeros((len(tokens), chains, n), dtype=np.float32)
 
     def start(self, choice: np.ndarray) -> None:
@@ -71,23 +100,24 @@ class JointChoice:
 
     def _select(self, c: int) -> None:
         arm = self.choice[:, c]
-        self.sel_tokens[c] = self.tokens[c][self.rows, arm]
-        self.sel_time[c] = self.per_request[c][self.rows, arm]
+        self.sel_time[c] = self.time[c][self.rows, arm]
+        self.sel_slots[c] = self.slots[c][self.rows, arm]
         self.sel_wide[c] = self.wide[:, self.rows, arm]
 
     def response(self, c: int) -> tuple[np.ndarray, np.ndarray]:
         """Goodput and step time for each arm of class c, the others as chosen."""
-        others = np.ones(self.sel_tokens.shape[0], dtype=bool)
+        others = np.ones(self.sel_time.shape[0], dtype=bool)
         others[c] = False
-        rest_tokens = self.sel_tokens[others].sum(axis=0)
         rest_wide = self.sel_wide[others].max(axis=0)  # (chains, draws)
-        step = self.off + self.sel_time[others].sum(axis=0) + rest_wide.sum(axis=0)
-        # each arm of c: its own per-request time, and the batch-wide passes it adds
-        # beyond those the others already run
-        step = step[:, None] + self.per_request[c]
-        step += np.maximum(self.wide - rest_wide[:, :, None], 0.0).sum(axis=0)
-        goodput = (rest_tokens[:, None] + self.tokens[c]) / np.maximum(step, MIN_STEP_TIME_S)
-        return goodput, step
+        # each arm of c: its own time per token, and the batch-wide passes per slot it
+        # adds beyond those the others already run, paid by every class's slots
+        wide = np.maximum(self.wide, rest_wide[:, :, None]).sum(axis=0)
+        slots = self.sel_slots[others].sum(axis=0)[:, None] + self.slots[c]
+        per_token = self.sel_time[others].sum(axis=0)[:, None] + self.time[c] + slots * wide
+        per_token = np.maximum(per_token, MIN_STEP_TIME_S)
+        # the step at the mix this choice settles to: B slots, each as above
+        step = self.batch_size * per_token / slots
+        return 1.0 / per_token, step
 
     def ascend(self, choice: np.ndarray) -> np.ndarray:
         """Coordinate ascent from ``choice`` (draws x classes); returns the end point."""

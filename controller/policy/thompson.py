@@ -67,7 +67,10 @@ is never permanent.
 
 Classes that share a batch are decided together
 (:meth:`~specctl.policy.thompson_draws.PosteriorDraws._joint_samples`):
-the step's deepest K sets its cost for every request in it.
+the step's deepest K sets its cost for every request in it, and a class's
+requests hold their slots for as long as its tokens take, so what is
+maximised is the engine's goodput over the work the classes bring
+(:class:`~specctl.policy.joint.JointChoice`).
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)
@@ -117,7 +120,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
 
     policy_name = "specctl"
     # 2: the cost model's features gained each drafter's requests verifying a second draft
-    state_version = 2
+    # 3: each bucket's committed tokens per class
+    state_version = 3
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()

@@ -271,8 +271,6 @@ class PosteriorDraws:
         off = step_time[:, 0].astype(np.float64)
         per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
         per_request /= batch_size
-        share = self.learned.mix[bucket, members]
-        count = batch_size * share / share.sum()
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
         game = JointChoice(
             off,
@@ -280,7 +278,8 @@ class PosteriorDraws:
             batch_wide.astype(np.float64),
             self._arm_chain,
             len(self._k_chains),
-            count,
+            batch_size,
+            self.learned.token_demand(bucket, members),
             tokens,
             step_time,
         )

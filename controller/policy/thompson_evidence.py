@@ -102,6 +102,8 @@ class ThompsonEvidence:
         self.rows_untracked = 0
         # per load bucket: discounted request-rounds per class slot, and steps
         self.mix = np.zeros((self.num_buckets, max_classes))
+        # per load bucket: discounted committed tokens per class slot (the work each brings)
+        self.mix_tokens = np.zeros((self.num_buckets, max_classes))
         # per bucket and class: the requests of every class in the steps the class ran in
         self.mix_present = np.zeros((self.num_buckets, max_classes))
         self.mix_steps = np.zeros(self.num_buckets)
@@ -143,6 +145,7 @@ class ThompsonEvidence:
         self.slot_class[slot] = None
         self.acceptance.reset(slot)
         self.mix[:, slot] = 0.0
+        self.mix_tokens[:, slot] = 0.0
         self.mix_present[:, slot] = 0.0
         self.last_update[slot] = 0
         return slot
@@ -250,13 +253,18 @@ class ThompsonEvidence:
         step_k[known, slot] = draft_k[known]
 
     def _update_mix(self, row_slots: np.ndarray, batch: StepBatch) -> None:
-        """Learn each load bucket's class mix: mean request-rounds per step per class, and
-        per class the requests of the steps it ran in, which tells classes that share
-        batches from classes that take turns in the bucket."""
+        """Learn each load bucket's class mix: mean request-rounds per step per class, the
+        tokens they committed, and per class the requests of the steps it ran in, which
+        tells classes that share batches from classes that take turns in the bucket."""
         nb, nc = self.num_buckets, self.max_classes
         bucket = np.minimum(batch.load_bucket, nb - 1)
         steps = np.bincount(bucket, minlength=nb).astype(np.float64)
         rows = np.bincount(bucket[batch.request_step] * nc + row_slots, minlength=nb * nc)
+        tokens = np.bincount(
+            bucket[batch.request_step] * nc + row_slots,
+            weights=np.minimum(batch.accepted, batch.arm_k) + 1.0,
+            minlength=nb * nc,
+        )
         step_rows = np.bincount(batch.request_step, minlength=batch.num_steps)
         pairs = np.unique(batch.request_step * nc + row_slots)
         pair_step, pair_slot = np.divmod(pairs, nc)
@@ -268,6 +276,8 @@ class ThompsonEvidence:
         decay = _MIX_DISCOUNT**steps
         self.mix *= decay[:, None]
         self.mix += rows.reshape(nb, nc)
+        self.mix_tokens *= decay[:, None]
+        self.mix_tokens += tokens.reshape(nb, nc)
         self.mix_present *= decay[:, None]
         self.mix_present += present.reshape(nb, nc)
         self.mix_steps = self.mix_steps * decay + steps
@@ -509,6 +519,15 @@ class ThompsonEvidence:
             return np.zeros(0, dtype=np.int64)
         order = np.argsort(-mix[members], kind="stable")
         return np.sort(members[order][:MAX_JOINT_CLASSES])
+
+    def token_demand(self, bucket: int, members: np.ndarray) -> np.ndarray:
+        """Each member's share of the committed tokens of the bucket's classes: the work
+        each brings, which sets how many slots it holds at a given arm (a state saved
+        before tokens were counted: its share of the requests)."""
+        tokens = self.mix_tokens[bucket, members]
+        if float(tokens.sum()) <= 0.0:
+            tokens = self.mix[bucket, members]
+        return tokens / max(float(tokens.sum()), 1e-12)
 
     def typical_features(self, bucket: int) -> np.ndarray:
         """A step of the bucket running K=2 for the whole batch: the cost prior's scales."""

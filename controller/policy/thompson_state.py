@@ -54,6 +54,7 @@ def evidence_arrays(evidence: ThompsonEvidence) -> dict[str, np.ndarray]:
         **evidence.load.state_arrays(),
         "class_last_update": evidence.last_update,
         "class_mix": evidence.mix,
+        "class_mix_tokens": evidence.mix_tokens,
         "class_mix_present": evidence.mix_present,
         "class_mix_steps": evidence.mix_steps,
         "bucket_steps": evidence.bucket_steps,
@@ -164,7 +165,8 @@ def read_state(
         key: np.zeros_like(targets[key])
         for key in (
             *("acceptance_recent", "acceptance_arm_stats", "acceptance_changes"),
-            *("class_mix", "class_mix_present", "class_mix_steps", "bucket_steps"),
+            *("class_mix", "class_mix_tokens", "class_mix_present", "class_mix_steps"),
+            "bucket_steps",
             *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
             "cost_outliers",
             "cost_off_steps",
