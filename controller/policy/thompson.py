@@ -58,12 +58,15 @@ switches off and stays so until ``P(off is best)`` falls below
 contexts are off moves as the policy learns, after each update
 (:mod:`specctl.policy.switch_off`), never when a decision is read. Off,
 it still runs speculation on at least ``probe_budget`` of its request-rounds
-(more while ``P(off is best)`` is lower), spread over the speculative arms by
-their posterior probability of being the best of them: where a long
-draft's cost or acceptance is uncertain enough to win, some probes go
-there, and a fixed probe at one short K would leave the rest at its prior.
-The probes keep acceptance and cost measured, so a recovery is found and off
-is never permanent.
+for its first ``probe_decay_steps`` steps off, then on a share that shrinks
+as 1/steps down to ``probe_floor`` (more while ``P(off is best)`` is lower;
+back at the budget when a change in the class's acceptance or the bucket's
+cost is detected), spread over the speculative arms by their posterior
+probability of being the best of them: where a long draft's cost or
+acceptance is uncertain enough to win, some probes go there, and a fixed
+probe at one short K would leave the rest at its prior. The probes keep
+acceptance and cost measured, so a recovery is found and off is never
+permanent.
 
 Classes that share a batch are decided together
 (:meth:`~specctl.policy.thompson_draws.PosteriorDraws._joint_samples`):
@@ -120,7 +123,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
 
     policy_name = "specctl"
     # 2: the cost model's features gained each drafter's requests verifying a second draft
-    # 3: each bucket's committed tokens per class
+    # 3: each bucket's committed tokens per class, and each switched-off context's steps off
     state_version = 3
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
@@ -219,6 +222,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
 
     def update_params(self, batch: StepBatch) -> None:
         tick = self._next_tick()
+        acceptance_changes = self.learned.acceptance.changes.copy()
+        cost_changes = self.learned.cost.changes.copy()
         update = self.learned.update(batch)
         for name, slot in update.evicted:
             self._forget_decisions(name, slot)
@@ -226,7 +231,29 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         self._bucket_version[update.buckets] = tick
         for b in np.unique(update.buckets).tolist():
             self._refresh_joint(b)
+        self._count_steps_off(batch, update.class_slots)
+        for slot in np.flatnonzero(self.learned.acceptance.changes != acceptance_changes):
+            self.switch_off.restart_probes(workload_class=self.learned.slot_class[int(slot)])
+        for b in np.flatnonzero(self.learned.cost.changes != cost_changes):
+            self.switch_off.restart_probes(bucket=int(b))
         self._observe_switch_off()
+
+    def _count_steps_off(self, batch: StepBatch, class_slots: np.ndarray) -> None:
+        """Each switched-off context's steps in the report: its probes shrink with them."""
+        if not self.switch_off.off_steps or batch.num_rows == 0:
+            return
+        num_classes = class_slots.shape[0]
+        pairs = np.unique(batch.request_step * num_classes + batch.class_index)
+        step, index = np.divmod(pairs, num_classes)
+        bucket = np.minimum(batch.load_bucket[step], self.num_buckets - 1)
+        contexts, counts = np.unique(index * self.num_buckets + bucket, return_counts=True)
+        names = batch.classes
+        self.switch_off.count_steps(
+            {
+                (names[int(c) // self.num_buckets], int(c) % self.num_buckets): int(n)
+                for c, n in zip(contexts.tolist(), counts.tolist(), strict=True)
+            }
+        )
 
     def _observe_switch_off(self) -> None:
         """Let each class's switch-off follow its P(off is best), in every bucket whose
@@ -272,7 +299,11 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         slot = self.learned.class_slot.get(workload_class)
         key = (workload_class if slot is not None else None, load_bucket)
         versions = self._versions(slot, load_bucket, self.learned.mix_members(load_bucket))
-        versions += (int((workload_class, load_bucket) in self.switch_off.contexts),)
+        context = (workload_class, load_bucket)
+        versions += (
+            int(context in self.switch_off.contexts),
+            int(self.switch_off.off_steps.get(context, -1.0)),
+        )
         cached = self._decisions.get(key)
         if cached is not None and cached[0] == versions:
             return cached[1]
@@ -307,9 +338,13 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         p_best = samples.prob_best()
         p_loses = float(p_best[0])
         cfg = self.config
-        if self.switch_off.is_off((workload_class or "", bucket), p_loses):
+        context = (workload_class or "", bucket)
+        if self.switch_off.is_off(context, p_loses):
             probe = self._probe_distribution(samples)
-            budget = max(cfg.probe_budget, 1.0 - p_loses)
+            share = self.switch_off.probe_share(
+                context, cfg.probe_budget, cfg.probe_floor, cfg.probe_decay_steps
+            )
+            budget = max(share, 1.0 - p_loses)
             if probe is None or cfg.probe_budget == 0.0:
                 probs = np.zeros(len(arms))
                 probs[0] = 1.0
@@ -457,7 +492,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         # the fleet's evidence was placed by the slots the state replaced: it comes back
         # with the next merge
         self.learned.clear_shared()
-        self.switch_off.contexts = saved.switched_off
+        self.switch_off.load(saved.switched_off)
         self._decisions.clear()
         self._observed.clear()
         self._step_times.clear()

@@ -28,6 +28,8 @@ class SpecctlConfig:
     change_min_shift: float = 0.1
     cost_discount: float = 0.999
     probe_budget: float = 0.02
+    probe_floor: float = 0.005
+    probe_decay_steps: float = 500.0
     switch_off_confidence: float = 0.95
     switch_on_confidence: float = 0.8
     prior_arm: str | None = None
@@ -57,6 +59,10 @@ class SpecctlConfig:
             "change_min_shift": real("change_min_shift", self.change_min_shift, 0.0, 1.0),
             "cost_discount": real("cost_discount", self.cost_discount, 0.5, 1.0, lo_open=True),
             "probe_budget": real("probe_budget", self.probe_budget, 0.0, 0.5),
+            "probe_floor": real("probe_floor", self.probe_floor, 0.0, 0.5),
+            "probe_decay_steps": real(
+                "probe_decay_steps", self.probe_decay_steps, 0.0, 1e12, lo_open=True
+            ),
             "switch_off_confidence": real(
                 "switch_off_confidence", self.switch_off_confidence, 0.5, 1.0, hi_open=True
             ),

@@ -39,7 +39,8 @@ class SavedState:
     arrays: dict[str, np.ndarray]
     classes: list[str]
     drafters: list[str]
-    switched_off: set[Context]
+    # switched-off contexts, each with its steps off
+    switched_off: dict[Context, float]
     classes_evicted: int
     rows_untracked: int
     clock: int

@@ -276,6 +276,46 @@ def test_switch_off_within_bound_probes_within_budget_and_recovers() -> None:
     assert mode_k(policy, "chat", 2) >= 3, policy.select_action("chat", 2)
 
 
+def test_a_context_long_off_probes_less_but_never_stops() -> None:
+    """Each step a context stays off is more evidence that speculation loses there: after
+    its first steps off at the budget its probes shrink toward the floor, never below it,
+    and a change detected in the class's acceptance puts them back at the budget."""
+    budget, floor, decay = 0.02, 0.005, 100.0
+    policy = specctl(
+        prior_arm="ngram/k=4", probe_budget=budget, probe_floor=floor, probe_decay_steps=decay
+    )
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=5e-4
+    )
+    for _ in range(300):
+        env.run_step(policy, "chat", 2, 64)
+        if policy.select_action("chat", 2).explanation.startswith("off"):
+            break
+    assert policy.select_action("chat", 2).explanation.startswith("off"), policy.evidence("chat", 2)
+    shares = []
+    for _ in range(1000):
+        _batch, decision, _arms = env.run_step(policy, "chat", 2, 64)
+        assert decision.explanation.startswith("off"), decision.explanation
+        shares.append(1.0 - decision.probability_of(OFF))
+    assert min(shares) >= floor - 1e-9
+    # the budget for the first 100 steps off, half of it by 200, the floor from 400 on
+    assert min(shares[:90]) >= budget - 1e-9, shares[:90]
+    assert float(np.mean(shares[-200:])) <= 1.5 * floor, shares[-200:]
+
+    # speculation pays again: the probes at the floor see it, the change is detected, and
+    # the context probes at the budget again or leaves off
+    env.acceptance["ngram"] = 0.9
+    slot = policy.learned.class_slot["chat"]
+    changes = int(policy.learned.acceptance.changes[slot])
+    for _ in range(1000):
+        env.run_step(policy, "chat", 2, 64)
+        if policy.learned.acceptance.changes[slot] > changes:
+            break
+    assert policy.learned.acceptance.changes[slot] > changes, policy.evidence("chat", 2)
+    decision = policy.select_action("chat", 2)
+    assert 1.0 - decision.probability_of(OFF) >= budget - 1e-9, decision
+
+
 def test_zero_acceptance_with_noisy_step_times_stays_off() -> None:
     """Speculation that accepts nothing and costs a little more is not handed half the draws.
 
