@@ -22,7 +22,7 @@ from specctl.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, int
 class SpecctlConfig:
     """Parameters of :class:`~specctl.policy.thompson.SpecctlPolicy` (all optional)."""
 
-    discount: float = 0.999
+    discount: float = 1.0
     recent_discount: float = 0.99
     change_z: float = 5.0
     change_min_shift: float = 0.1
@@ -38,7 +38,7 @@ class SpecctlConfig:
     control_steps: float = 20.0
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
-    max_rounds: float = 5000.0
+    max_rounds: float = 50000.0
     model_rounds: float = 200.0
     prior_step_s: float = 0.02
     prior_token_s: float = 2e-5
