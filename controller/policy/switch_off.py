@@ -17,11 +17,12 @@ all lose by a wide margin is expensive (at a batch of 256 a probe round costs
 several plain steps, and 2% of the rounds probing cost 2% of the goodput
 where speculation loses). Shrinking as 1/steps spends, over a long stay off,
 probes that grow with the log of its length, the rate a bandit needs to keep
-telling a losing arm from the best. The floor keeps off from ever being
-absorbing: enough probes still reach the recent window of acceptance for a
-change to be detected, and a change detected in the class's acceptance or in
-the bucket's step cost (:meth:`SwitchOff.restart_probes`) puts the share back
-at the budget.
+telling a losing arm from the best, until the floor (reached after
+``budget / floor * decay`` steps). The floor keeps off from ever being
+absorbing: the probes keep adding to the class's acceptance evidence, and
+where they reach the recent window often enough a change is detected; a
+change detected in the class's acceptance or in the bucket's step cost
+(:meth:`SwitchOff.restart_probes`) puts the share back at the budget.
 """
 
 from __future__ import annotations

@@ -215,9 +215,10 @@ class PosteriorDraws:
         the whole batch whatever each class verifies. Deciding each class as if it
         were the whole batch then lets one class buy a gain that the others pay for
         (a greedy class at K=4 next to two classes that accept little runs slower in
-        total than no speculation). So, per posterior draw, the joint choice that
-        maximises the batch's committed tokens per second (:meth:`_refresh_joint`) is
-        kept, and each class's goodput draws are those of its arms while the others run
+        total than no speculation). So, per posterior draw, the joint choice that gives
+        the classes' work the most committed tokens per second of engine time
+        (:class:`~specctl.policy.joint.JointChoice`, :meth:`_refresh_joint`) is kept,
+        and each class's goodput draws are those of its arms while the others run
         their part of it: Thompson sampling over joint choices, read per class.
         """
         members = self.learned.mix_members(bucket)
