@@ -128,7 +128,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
 
     policy_name = "specctl"
     # 2: the cost model's features gained each drafter's requests verifying a second draft
-    # 3: each bucket's committed tokens per class, and each switched-off context's steps off
+    # 3: each bucket's committed tokens per class and its steps without speculation, and
+    # each switched-off context's steps off
     state_version = 3
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
