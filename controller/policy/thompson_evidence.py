@@ -522,10 +522,11 @@ class ThompsonEvidence:
 
     def token_demand(self, bucket: int, members: np.ndarray) -> np.ndarray:
         """Each member's share of the committed tokens of the bucket's classes: the work
-        each brings, which sets how many slots it holds at a given arm (a state saved
-        before tokens were counted: its share of the requests)."""
+        each brings, which sets how many slots it holds at a given arm (while a member
+        has no tokens counted, as after loading a state saved before they were: each
+        member's share of the requests)."""
         tokens = self.mix_tokens[bucket, members]
-        if float(tokens.sum()) <= 0.0:
+        if (tokens <= 0.0).any():
             tokens = self.mix[bucket, members]
         return tokens / max(float(tokens.sum()), 1e-12)
 
