@@ -52,7 +52,7 @@ import numpy as np
 from specctl.arms import MAX_K
 
 # observations of a position in the recent window before a change there can be declared
-_MIN_RECENT_OBSERVATIONS = 20.0
+MIN_RECENT_OBSERVATIONS = 20.0
 # rounds a class's other drafters keep after a change is detected under one of them
 _STALE_ROUNDS = 20.0
 
@@ -269,7 +269,7 @@ class AcceptanceModel:
         se = np.sqrt(p * (1.0 - p) * (1.0 / (n_r + a0 + b0) + 1.0 / (n_l + a0 + b0)))
         shift = np.abs(p_r - p_l)
         moved = (shift >= self.change_min_shift) & (shift >= self.change_z * se)
-        moved &= n_r >= _MIN_RECENT_OBSERVATIONS
+        moved &= n_r >= MIN_RECENT_OBSERVATIONS
         return np.asarray(moved.any(axis=-1))
 
     # -- the fleet's evidence -------------------------------------------------

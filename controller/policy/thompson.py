@@ -108,7 +108,7 @@ from typing import Any, Self
 import numpy as np
 
 from specctl.arms import OFF, Arm, parse_arm
-from specctl.policy.acceptance import AcceptanceModel
+from specctl.policy.acceptance import MIN_RECENT_OBSERVATIONS, AcceptanceModel
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.cost import CostModel
 from specctl.policy.load import BucketLoad
@@ -349,7 +349,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         if self.switch_off.is_off(context, p_loses):
             probe = self._probe_distribution(samples)
             share = self.switch_off.probe_share(
-                context, cfg.probe_budget, cfg.probe_floor, cfg.probe_decay_steps
+                context, cfg.probe_budget, self._probe_floor(slot, bucket), cfg.probe_decay_steps
             )
             budget = max(share, 1.0 - p_loses)
             if probe is None or cfg.probe_budget == 0.0:
@@ -383,6 +383,28 @@ class SpecctlPolicy(PosteriorDraws, Policy):
                 f"({rounds:.0f} of {cfg.cold_start_rounds:.0f} rounds); {explanation}"
             )
         return Decision(arms, probs / probs.sum(), explanation)
+
+    def _probe_floor(self, slot: int | None, bucket: int) -> float:
+        """The least share of a switched-off context's rounds that probe, however long it
+        has been off: ``probe_floor``, or more where the class runs few requests a step.
+
+        A change in the class's acceptance is seen in its recent window, which holds
+        about ``1 / (1 - recent_discount)`` of the class's steps (100) and needs
+        ``MIN_RECENT_OBSERVATIONS`` (20) rounds at a position to judge it. At 0.5% of
+        its rounds a class of fewer than 40 requests a step never holds that many
+        probes there; with its acceptance kept until it changes, it then comes back
+        only once its probes outweigh what it learned before. So the floor is at least
+        the share that keeps twice those 20 probes in the window, which at its mean
+        would fall short half the time. ``probe_share`` caps it at the budget, where a
+        class of fewer than 10 requests a step never holds 20 probes in the window and
+        is brought back by its probes alone.
+        """
+        cfg = self.config
+        if slot is None:
+            return cfg.probe_floor
+        requests = self.learned.requests_per_step(bucket, slot)
+        window = 2.0 * MIN_RECENT_OBSERVATIONS * (1.0 - cfg.recent_discount)
+        return max(cfg.probe_floor, window / max(requests, 1e-12))
 
     def _control_share(self, bucket: int) -> float:
         """The share of rounds a speculating context runs ``off`` so that the bucket

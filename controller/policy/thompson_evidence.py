@@ -520,6 +520,11 @@ class ThompsonEvidence:
         order = np.argsort(-mix[members], kind="stable")
         return np.sort(members[order][:MAX_JOINT_CLASSES])
 
+    def requests_per_step(self, bucket: int, slot: int) -> float:
+        """The class's mean request-rounds per step of the bucket (0 before any step)."""
+        steps = float(self.mix_steps[bucket])
+        return float(self.mix[bucket, slot]) / steps if steps > 0.0 else 0.0
+
     def token_demand(self, bucket: int, members: np.ndarray) -> np.ndarray:
         """Each member's share of the committed tokens of the bucket's classes: the work
         each brings, which sets how many slots it holds at a given arm (while a member

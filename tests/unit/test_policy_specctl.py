@@ -316,6 +316,38 @@ def test_a_context_long_off_probes_less_but_never_stops() -> None:
     assert 1.0 - decision.probability_of(OFF) >= budget - 1e-9, decision
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_small_class_long_off_keeps_enough_probes_to_see_a_change(seed: int) -> None:
+    """A class of 24 requests a step, long off. At the 0.5% floor its recent window (about
+    100 of its steps) would hold some 12 probe rounds, under the 20 a change needs, and
+    with its acceptance kept until it changes it would come back only once its probes
+    outweighed its past (in 7 of 10 seeds, not within 250 steps of acceptance returning).
+    Its floor keeps twice the 20 probes in the window (0.4 / 24 of its rounds): the change
+    is seen, or the probes bring the class back, within 250 steps (10 of 10 seeds)."""
+    policy = specctl(prior_arm="ngram/k=4", probe_decay_steps=100.0)
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=3e-3,
+        seed=seed,
+    )  # fmt: skip
+    for _ in range(800):
+        env.run_step(policy, "chat", 1, 24)
+    decision = policy.select_action("chat", 1)
+    assert decision.explanation.startswith("off"), decision.explanation
+    # 800 steps off at a decay of 100 would be at the floor; the window needs more
+    assert 1.0 - decision.probability_of(OFF) == pytest.approx(0.4 / 24, rel=0.1), decision
+
+    env.acceptance["ngram"] = 0.9
+    slot = policy.learned.class_slot["chat"]
+    changes = int(policy.learned.acceptance.changes[slot])
+    for _ in range(250):
+        env.run_step(policy, "chat", 1, 24)
+        changed = policy.learned.acceptance.changes[slot] > changes
+        if changed or not policy.select_action("chat", 1).explanation.startswith("off"):
+            break
+    else:
+        raise AssertionError(policy.evidence("chat", 1))
+
+
 def test_zero_acceptance_with_noisy_step_times_stays_off() -> None:
     """Speculation that accepts nothing and costs a little more is not handed half the draws.
 
