@@ -64,14 +64,15 @@ contexts are off moves as the policy learns, after each update
 (:mod:`specctl.policy.switch_off`), never when a decision is read. Off,
 it still runs speculation on at least ``probe_budget`` of its request-rounds
 for its first ``probe_decay_steps`` steps off, then on a share that shrinks
-as 1/steps down to ``probe_floor`` (more while ``P(off is best)`` is lower;
-back at the budget when a change in the class's acceptance or the bucket's
-cost is detected), spread over the speculative arms by their posterior
-probability of being the best of them: where a long draft's cost or
-acceptance is uncertain enough to win, some probes go there, and a fixed
-probe at one short K would leave the rest at its prior. The probes keep
-acceptance and cost measured, so a recovery is found and off is never
-permanent.
+as 1/steps down to ``probe_floor``, or to what keeps a change visible in a
+small class's recent window (:meth:`SpecctlPolicy._probe_floor`); more while
+``P(off is best)`` is lower, and back at the budget when a change in the
+class's acceptance or the bucket's cost is detected. The probes are spread
+over the speculative arms by their posterior probability of being the best
+of them: where a long draft's cost or acceptance is uncertain enough to win,
+some probes go there, and a fixed probe at one short K would leave the rest
+at its prior. The probes keep acceptance and cost measured, so a recovery is
+found and off is never permanent.
 
 Classes that share a batch are decided together
 (:meth:`~specctl.policy.thompson_draws.PosteriorDraws._joint_samples`):
