@@ -24,7 +24,9 @@ class JointChoice:
         off + sum_c n_c * per_request[a_c] + sum_d max_{c runs d} wide[a_c]
 
     with ``n_c`` the class's requests per step: verification and a drafter's
-    per-request cost add up over requests; a drafter's batch-wide passes are
+    per-request cost add up over requests (``per_request`` is per class: what a
+    request verifies depends on what its class's rounds propose); a drafter's
+    batch-wide passes are
     paid once, at the largest K any class runs with it. Goodput is
     ``sum_c n_c * tokens_c[a_c]`` over that step time. When every class runs
     one arm this is the step time of the whole batch running it.
@@ -37,7 +39,7 @@ class JointChoice:
     def __init__(
         self,
         off: np.ndarray,
-        per_request: np.ndarray,
+        per_request: list[np.ndarray],
         wide: np.ndarray,
         chain: np.ndarray,
         num_chains: int,
@@ -51,7 +53,9 @@ class JointChoice:
         self.rows = np.arange(n)
         # per class, (draws, arms): tokens and per-request time scaled by its requests
         self.tokens = [(t * c).astype(np.float32) for t, c in zip(tokens, count, strict=True)]
-        self.per_request = [(per_request * c).astype(np.float32) for c in count]
+        self.per_request = [
+            (p * c).astype(np.float32) for p, c in zip(per_request, count, strict=True)
+        ]
         # (chains, draws, arms): an arm's batch-wide time in its drafter's chain, else 0
         chains = max(num_chains, 1)
         self.wide = np.zeros((chains, n, chain.shape[0]), dtype=np.float32)
