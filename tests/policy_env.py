@@ -36,6 +36,9 @@ class SyntheticEnv:
     # what a step in which anything is drafted costs at all (a drafter's pass over the
     # batch that K does not scale): beyond a step without speculation
     spec_fixed_s: float = 0.0
+    # drafter -> the share of rounds in which it proposes its K drafts (an n-gram lookup
+    # proposes only where the context repeats; otherwise nothing); 1 if absent
+    match_rate: dict[str, float] = field(default_factory=dict)
     noise_s: float = 0.0
     seed: int = 0
     rng: np.random.Generator = field(init=False)
@@ -53,6 +56,9 @@ class SyntheticEnv:
         picks = self.rng.choice(len(decision.arms), size=batch_size, p=decision.probabilities)
         arms = [decision.arms[i] for i in picks]
         ks = np.array([a.k for a in arms])
+        if self.match_rate:  # what each round proposed
+            match = np.array([self.match_rate.get(a.drafter, 1.0) for a in arms])
+            ks = np.where(self.rng.random(ks.shape[0]) < match, ks, 0)
         rates = np.array([self.acceptance.get(a.drafter, 0.0) for a in arms])
         batch = self._learn(
             policy,

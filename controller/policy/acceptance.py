@@ -57,6 +57,10 @@ MIN_RECENT_OBSERVATIONS = 20.0
 _STALE_ROUNDS = 20.0
 
 
+# per (class, drafter, K): rounds, accepted drafts, their squares, drafts proposed
+ARM_STATS = 4
+
+
 class AcceptanceModel:
     """Discounted counts per (class slot, drafter slot, success/failure, position)."""
 
@@ -88,9 +92,11 @@ class AcceptanceModel:
         self.recent = np.zeros_like(self.counts)
         # per class: times a change in acceptance was detected (any drafter)
         self.changes = np.zeros(num_classes, dtype=np.int64)
-        # per (class, drafter, K): rounds run at that K, their accepted drafts and squares;
-        # the arm's own measurement, which corrects the censored model where it is wrong
-        self.arm_stats = np.zeros((num_classes, num_drafters, 3, MAX_K + 1))
+        # per (class, drafter, K): rounds run at that K, their accepted drafts and squares,
+        # and the drafts proposed; the arm's own measurement, which corrects the censored
+        # model where it is wrong, and tells a drafter that proposes fewer than K (an
+        # n-gram lookup that finds no match proposes nothing) from one that always drafts K
+        self.arm_stats = np.zeros((num_classes, num_drafters, ARM_STATS, MAX_K + 1))
         # all request-rounds of the class, speculative or not (for cold start)
         self.rounds = np.zeros(num_classes)
         # the fleet's evidence by this model's slots (set_shared), never added into the
@@ -130,8 +136,10 @@ class AcceptanceModel:
         arm_k: np.ndarray,
         accepted: np.ndarray,
         request_step: np.ndarray,
+        drafted: np.ndarray | None = None,
     ) -> None:
-        """Add one report's request rows.
+        """Add one report's request rows (``drafted``: the drafts each row proposed;
+        None: its arm's K).
 
         Rows name their class and drafter by index into the report's small
         tables ``class_slots`` and ``drafter_slots`` (the model's slots);
@@ -180,7 +188,15 @@ class AcceptanceModel:
         new[:, :, 1] = hist[:, :, 1, : width - 1]
         cs = class_slots[:, None]
         ds = drafter_slots[tracked][None, :]
-        self._add_arm_stats(class_slots, drafter_slots, class_index, drafter_index, arm_k, accepted)
+        self._add_arm_stats(
+            class_slots,
+            drafter_slots,
+            class_index,
+            drafter_index,
+            arm_k,
+            accepted,
+            arm_k if drafted is None else np.minimum(drafted, arm_k),
+        )
         long = _add_capped(self.counts, cs, ds, new, width, self.max_rounds)
         if self.recent_discount is None:
             return
@@ -213,6 +229,7 @@ class AcceptanceModel:
         drafter_index: np.ndarray,
         arm_k: np.ndarray,
         accepted: np.ndarray,
+        drafted: np.ndarray,
     ) -> None:
         row_drafter = drafter_slots[drafter_index]
         spec = (row_drafter >= 0) & (arm_k > 0)
@@ -226,10 +243,11 @@ class AcceptanceModel:
         m = touched.shape[0]
         cls, rest = np.divmod(touched, nd * kw)
         d, k = np.divmod(rest, kw)
-        cell = self.arm_stats[cls, d, :, k]  # (m, 3)
+        cell = self.arm_stats[cls, d, :, k]  # (m, ARM_STATS)
         cell[:, 0] += np.bincount(inverse, minlength=m)
         cell[:, 1] += np.bincount(inverse, weights=a, minlength=m)
         cell[:, 2] += np.bincount(inverse, weights=a * a, minlength=m)
+        cell[:, 3] += np.bincount(inverse, weights=drafted[spec].astype(np.float64), minlength=m)
         cell *= (self.max_rounds / np.maximum(cell[:, 0], self.max_rounds))[:, None]
         self.arm_stats[cls, d, :, k] = cell
 
@@ -251,6 +269,24 @@ class AcceptanceModel:
         mean = stats[:, 1] / safe
         var = np.maximum(stats[:, 2] / safe - mean * mean, 0.0)
         return n, mean, var
+
+    def drafted_share(
+        self, class_slot: int | None, drafter_slots: np.ndarray, max_k: int, prior_rounds: float
+    ) -> np.ndarray:
+        """Per (drafter, K = 1..max_k): the share of its K drafts a round of the class
+        proposes, with ``prior_rounds`` rounds that proposed all K: 1 for a drafter that
+        always drafts K (a model), the class's match rate for an n-gram lookup. A read."""
+        shape = (drafter_slots.shape[0], max_k)
+        if class_slot is None:
+            return np.ones(shape)
+        stats = self.arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
+        if self.has_shared:
+            weight = self.shared_weight[class_slot, drafter_slots][:, None, None]
+            shared = self.shared_arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
+            stats = stats + weight * shared
+        k = np.arange(1, max_k + 1, dtype=np.float64)
+        proposed = stats[:, 3] / k + prior_rounds
+        return np.clip(proposed / (stats[:, 0] + prior_rounds), 0.0, 1.0)
 
     def _changed(self, long: np.ndarray, recent: np.ndarray) -> np.ndarray:
         """Per (class, drafter) block: has a position's recent rate moved from its long rate?

@@ -37,12 +37,13 @@ class JointChoice:
     Engine time per committed token of a choice ``a`` (one arm per class, per
     draw)::
 
-        sum_c d_c * (off / B + per_request[a_c] + wide(a) / B) / tokens_c[a_c]
+        sum_c d_c * (off / B + per_request_c[a_c] + wide(a) / B) / tokens_c[a_c]
         wide(a) = sum_d max_{c runs d} wide[a_c]
 
     with ``d_c`` the class's share of the committed tokens and ``B`` the batch
     size: each slot of the batch costs its share of ``off`` and its own
-    per-request time, and a drafter's batch-wide passes, paid once at the
+    per-request time (per class: what a request verifies depends on what its
+    class's rounds propose), and a drafter's batch-wide passes, paid once at the
     largest K any class runs with it, are shared by every slot; a class's
     slots last as long as its tokens take, ``d_c / tokens_c`` per committed
     token. Goodput is the inverse. When one class is the whole batch it is the
@@ -58,7 +59,7 @@ class JointChoice:
     def __init__(
         self,
         off: np.ndarray,
-        per_request: np.ndarray,
+        per_request: list[np.ndarray],
         wide: np.ndarray,
         chain: np.ndarray,
         num_chains: int,
@@ -78,8 +79,8 @@ class JointChoice:
         # batch-wide passes, and its slots per committed token
         self.time = []
         self.slots = []
-        for t, d in zip(tokens, share, strict=True):
-            self.time.append((d * (slot + per_request) / t).astype(np.float32))
+        for t, p, d in zip(tokens, per_request, share, strict=True):
+            self.time.append((d * (slot + p) / t).astype(np.float32))
             self.slots.append((d / t).astype(np.float32))
         # (chains, draws, arms): an arm's batch-wide time per slot in its drafter's chain
         chains = max(num_chains, 1)

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from specctl.arms import MAX_K, Arm, ArmError
+from specctl.policy.acceptance import ARM_STATS
 from specctl.policy.cost import FEATURES_PER_DRAFTER, num_features
 from specctl.steps import validate_class_name
 
@@ -44,7 +45,7 @@ class SharedAcceptance:
 
     ``counts[c, d, 0, j]`` are the long successes at position ``j + 1`` and
     ``[c, d, 1, j]`` the failures there; ``arm_stats[c, d, :, k]`` are the rounds
-    run at K = k, their accepted drafts and its squares; ``rounds[c]`` every
+    run at K = k, their accepted drafts, its squares and the drafts proposed; ``rounds[c]`` every
     request-round of the class (speculative or not). Positions beyond ``max_k``
     hold nothing.
     """
@@ -65,8 +66,8 @@ class SharedAcceptance:
         if not 0 <= k <= MAX_K:
             raise SharedEvidenceError(f"counts has {k} positions: at most {MAX_K}")
         _check_array("counts", self.counts, (c, d, 2, k), nonnegative=True)
-        _check_array("arm_stats", self.arm_stats, (c, d, 3, k + 1))
-        for i, name in ((0, "rounds"), (2, "squares")):
+        _check_array("arm_stats", self.arm_stats, (c, d, ARM_STATS, k + 1))
+        for i, name in ((0, "rounds"), (2, "squares"), (3, "drafts proposed")):
             if (self.arm_stats[:, :, i] < 0.0).any():
                 raise SharedEvidenceError(f"arm_stats: negative {name}")
         _check_array("rounds", self.rounds, (c,), nonnegative=True)
@@ -160,7 +161,7 @@ def sum_acceptance(parts: Sequence[SharedAcceptance]) -> SharedAcceptance | None
     drafters = list(dict.fromkeys(d for p in parts for d in p.drafters))
     k = max(p.max_k for p in parts)
     counts = np.zeros((len(classes), len(drafters), 2, k))
-    arm_stats = np.zeros((len(classes), len(drafters), 3, k + 1))
+    arm_stats = np.zeros((len(classes), len(drafters), ARM_STATS, k + 1))
     rounds = np.zeros(len(classes))
     class_at = {c: i for i, c in enumerate(classes)}
     drafter_at = {d: i for i, d in enumerate(drafters)}

@@ -526,6 +526,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         self._decisions.clear()
         self._observed.clear()
         self._step_times.clear()
+        self._token_times.clear()
         self._tokens.clear()
         self._joint.clear()
         self._profiles = saved.profiles

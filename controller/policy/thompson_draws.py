@@ -46,6 +46,9 @@ from specctl.policy.truncated import nonnegative_draws
 # classes change): it moves with the evidence, which a handful of steps barely moves
 _JOINT_REFRESH_STEPS = 16
 _MAX_SPEEDUP_OF_DRAW = 2.0
+# rounds, at the prior, that proposed every draft of their K (see _unproposed_time): an
+# arm the class has barely run is charged as if it verified K
+_PROPOSED_PRIOR_ROUNDS = 5.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7
 
@@ -79,6 +82,8 @@ class PosteriorDraws:
         """Empty caches, and the standard normal draws behind every posterior draw, fixed
         from ``cfg.seed``."""
         self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
+        # per bucket, draws of the target's cost per token verified, next to _step_times
+        self._token_times: dict[int, np.ndarray] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, ContextDraws]]] = {}
@@ -152,6 +157,9 @@ class PosteriorDraws:
                 return joint[slot]
         tokens = self._token_samples(slot)
         batch_size, step_time, _ = self._step_time_samples(bucket)
+        unproposed = self._unproposed_time(slot, bucket)
+        if unproposed is not None:
+            step_time = np.maximum(step_time - batch_size * unproposed, step_time[:, :1])
         goodput = tokens / step_time
         goodput *= batch_size
         return ContextDraws(goodput, tokens, step_time)
@@ -174,6 +182,7 @@ class PosteriorDraws:
         theta = self._z_cost @ factor.T.astype(np.float32)
         theta += theta_mean.astype(np.float32)
         step_time = theta @ features.T.astype(np.float32)
+        token_s = np.maximum(theta[:, 1], 0.0)
         # each speculative arm's extra step time over off is drawn from its Gaussian
         # posterior conditioned on being >= 0 (see truncated): speculation never makes a
         # step cheaper, and clipping at off instead would make an arm free in every draw
@@ -204,7 +213,36 @@ class PosteriorDraws:
         batch_wide[:, 1:] += second * (batch_size * (k >= 2)).astype(np.float32)
         np.minimum(batch_wide, step_time - step_time[:, :1], out=batch_wide)
         self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
+        self._token_times[bucket] = token_s
         return batch_size, step_time, batch_wide
+
+    def _unproposed_time(self, slot: int | None, bucket: int) -> np.ndarray | None:
+        """Per draw and arm, the verification a request of the class does not pay because
+        its drafter proposed fewer than the arm's K: (num_samples, arms), or None where
+        every round proposes its K.
+
+        An n-gram lookup proposes only where the context repeats, and a round without a
+        match verifies nothing. The step time of an arm is a step in which every request
+        verifies K drafts; a class whose rounds propose a quarter of that verifies a
+        quarter. Only the target's verification of the tokens is taken off: what the
+        drafter itself costs per request and per pass over the batch (a model drafter
+        runs for every request of a step, matched or not) is charged as learned, per
+        round of the arm.
+        """
+        if slot is None or len(self._arms) < 2:
+            return None
+        share = self.learned.acceptance.drafted_share(
+            slot, self._drafters, self._max_k, _PROPOSED_PRIOR_ROUNDS
+        )
+        unverified = np.zeros(len(self._arms))
+        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
+        for i, arm in enumerate(self._arms[1:], start=1):
+            rate = share[drafter_index[self.learned.drafter_slot[arm.drafter]], arm.k - 1]
+            unverified[i] = arm.k * (1.0 - rate)
+        if not unverified.any():
+            return None
+        self._step_time_samples(bucket)
+        return self._token_times[bucket][:, None] * unverified.astype(np.float32)[None, :]
 
     def _joint_samples(self, bucket: int) -> dict[int, ContextDraws]:
         """Per class slot sharing the bucket's batches, the engine's goodput draws for each
@@ -272,10 +310,16 @@ class PosteriorDraws:
         off = step_time[:, 0].astype(np.float64)
         per_request = (step_time - step_time[:, :1] - batch_wide).astype(np.float64)
         per_request /= batch_size
+        per_class = []
+        for m in members:
+            unproposed = self._unproposed_time(int(m), bucket)
+            per_class.append(
+                per_request if unproposed is None else np.maximum(per_request - unproposed, 0.0)
+            )
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
         game = JointChoice(
             off,
-            per_request,
+            per_class,
             batch_wide.astype(np.float64),
             self._arm_chain,
             len(self._k_chains),

@@ -193,6 +193,7 @@ class ThompsonEvidence:
                 batch.arm_k,
                 batch.accepted,
                 batch.request_step,
+                batch.drafted,
             )
             if self.acceptance.has_shared:
                 self.acceptance.weigh_shared(class_slots)
@@ -372,7 +373,7 @@ class ThompsonEvidence:
         block = np.zeros((ci.size, di.size, 2, counts.shape[3]))
         block[..., :k] = part.counts[np.ix_(ci, di)]
         counts[np.ix_(c_slots[ci], d_slots[di])] = block
-        block = np.zeros((ci.size, di.size, 3, arm_stats.shape[3]))
+        block = np.zeros((ci.size, di.size, arm_stats.shape[2], arm_stats.shape[3]))
         block[..., : k + 1] = part.arm_stats[np.ix_(ci, di)]
         arm_stats[np.ix_(c_slots[ci], d_slots[di])] = block
         rounds[c_slots[ci]] = part.rounds[ci]

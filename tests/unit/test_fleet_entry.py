@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from specctl.api import pb
+from specctl.policy.acceptance import ARM_STATS
 from specctl.policy.cost import num_features
 from specctl.policy.shared import SharedAcceptance, SharedCost, SharedEvidence
 from specctl.sidecar.fleet_entry import (
@@ -41,7 +42,7 @@ def evidence(seed: int = 0) -> SharedEvidence:
             ("chat", "code"),
             ("ngram", "eagle3"),
             rng.random((2, 2, 2, 5)) * 100,
-            np.abs(rng.random((2, 2, 3, 6))) * 100,
+            np.abs(rng.random((2, 2, ARM_STATS, 6))) * 100,
             rng.random(2) * 1000,
         ),
         SharedCost(

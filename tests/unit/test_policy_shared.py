@@ -15,6 +15,7 @@ import pytest
 from policy_env import SyntheticEnv
 
 from specctl.arms import arms_for, parse_arm
+from specctl.policy.acceptance import ARM_STATS
 from specctl.policy.cost import FEATURES_PER_DRAFTER, num_features
 from specctl.policy.registry import make_policy
 from specctl.policy.shared import (
@@ -184,7 +185,7 @@ def test_contributions_sum_by_name_whatever_their_order() -> None:
             classes,
             drafters,
             np.full((c, d, 2, k), value),
-            np.full((c, d, 3, k + 1), value),
+            np.full((c, d, ARM_STATS, k + 1), value),
             np.full(c, value),
         )
 
@@ -243,7 +244,7 @@ def test_a_malformed_acceptance_contribution_is_refused_by_name(change, message)
         "classes": ("chat",),
         "drafters": ("ngram",),
         "counts": np.ones((1, 1, 2, 3)),
-        "arm_stats": np.ones((1, 1, 3, 4)),
+        "arm_stats": np.ones((1, 1, ARM_STATS, 4)),
         "rounds": np.ones(1),
     }
     change(fields)
