@@ -4,7 +4,10 @@
 loop: a finished request is replaced by one whose class follows the current
 mix), and per step, for each request, the number of draft tokens accepted,
 drawn as the first rejection among K Bernoulli trials with the table's
-conditional rates, so noise is real.
+conditional rates, so noise is real. With ``independent_draws`` its draws do not
+depend on the arms run: two runs of one seed under different policies see the
+same arrivals (the n-th request's class and length), the same uniforms for each
+step's acceptance and the same step-time noise (common random numbers).
 
 :class:`SimulatedEngine` is what a vLLM engine with the specctl scheduler does
 per step: for each (class, load bucket) present it samples an arm from its
@@ -100,10 +103,19 @@ def make_world(scenario: Scenario, rng: np.random.Generator) -> SimWorld:
 class World:
     """The simulated requests, the true acceptance and cost, and the scenario's events."""
 
-    def __init__(self, scenario: Scenario, rng: np.random.Generator) -> None:
+    def __init__(
+        self, scenario: Scenario, rng: np.random.Generator, *, independent_draws: bool = False
+    ) -> None:
         self.scenario = scenario
         self.model = scenario.model
         self.rng = rng
+        # Without independent_draws every draw comes from rng in the order the run makes
+        # them, and which requests finish, and whether a step drafts at all, move them.
+        # With it arrivals' classes, their lengths, acceptance and noise each have a
+        # stream of their own, and each step draws the same from each whatever its arms.
+        self.independent_draws = independent_draws
+        streams = rng.spawn(4) if independent_draws else [rng] * 4
+        self._class_rng, self._length_rng, self._accept_rng, self._noise_rng = streams
         self.step = 0
         self.batch_size = scenario.batch
         self.acceptance_scale = np.ones(len(self.model.classes))
@@ -133,11 +145,11 @@ class World:
     # ----------------------------------------------------------- requests
 
     def _new_classes(self, n: int) -> IntArray:
-        return self.rng.choice(len(self.mix), size=n, p=self.mix).astype(np.int64)
+        return self._class_rng.choice(len(self.mix), size=n, p=self.mix).astype(np.int64)
 
     def _new_lengths(self, n: int) -> IntArray:
         mean = self.scenario.mean_output_tokens
-        return self.rng.geometric(1.0 / mean, size=n).astype(np.int64)
+        return self._length_rng.geometric(1.0 / mean, size=n).astype(np.int64)
 
     def apply_events(self) -> list[object]:
         """Apply the events due at the current step; return them."""
@@ -172,14 +184,19 @@ class World:
         cls = self.slot_class
         k = self.model.arm_k[request_arm]
         width = self.model.max_k
-        if width and k.any():
-            rates = self.conditional[cls, request_arm]
-            ok = self.rng.random((len(cls), width)) < rates
+        drafts = bool(width and k.any())
+        uniforms = (
+            self._accept_rng.random((len(cls), width))
+            if drafts or (width and self.independent_draws)
+            else None
+        )
+        if drafts and uniforms is not None:
+            ok = uniforms < self.conditional[cls, request_arm]
             accepted = np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
         else:
             accepted = np.zeros(len(cls), dtype=np.int64)
         cost = self.cost[cls, request_arm]
-        noise = float(np.exp(self.rng.normal(0.0, STEP_TIME_NOISE)))
+        noise = float(np.exp(self._noise_rng.normal(0.0, STEP_TIME_NOISE)))
         share = self.base_step_time_s / self.batch_size * noise
         charged = cost * share
         step_time = float(charged.sum())
