@@ -2,7 +2,7 @@
 and without sharing evidence, in the simulator.
 
     .venv/bin/python benchmarks/fleet_regret.py [--steps 32000] [--exchange-s 1.0]
-        [--out DIR] [--seeds 0,1,2]
+        [--seeds 0,1,2] [--jobs 1] [--out DIR]
 
 Each replica is a simulated engine (:mod:`specctl.sim.engine`) with its own
 sidecar book and specctl policy, through the production path, on the
@@ -14,33 +14,43 @@ a that takes t seconds of engine time loses ``t * (g*_c - g_c,a)`` committed
 tokens, where g is the arm's true goodput and g* the best arm's. The fleet's
 regret is the sum over its replicas.
 
-Exploration regret is what a fleet pays while it learns, above what it pays once
-it has: the scenario is stationary, and a learned fleet pays a steady rate
-(probes, residual uncertainty). It is measured as the fleet's regret over the
-first eighth of the traffic (the learning window: 4,000 steps of 32,000) less
-the rate it settles at (the slope of its cumulative regret over the second
-eighth) times the window. One replica, and every sharing fleet, settles well
-within the window. Without sharing, 16 replicas of 2,000 steps each are still
-learning past it: theirs is a lower bound. The totals are printed too, and
-for a sharing fleet the regret its replicas paid before their first merge,
-which no store can save: no engine has reported yet.
+Exploration regret is what a fleet pays because it starts knowing nothing: its
+regret over the whole run started cold (every policy at its prior) less its
+regret over the same run started warm, every replica's policy restored from what
+one replica learned in ``--steps`` steps of the scenario, as a restarted sidecar
+restores its snapshot (:mod:`specctl.sidecar.snapshot`: captured, encoded,
+decoded, restored). The scenario is stationary: the warm fleet pays only the
+steady rate of a fleet that has learned (probes, the control share, residual
+uncertainty), so what the cold fleet pays above it is what learning cost. The
+warm state is learned on streams of its own (a replica index no fleet has), so
+it knows nothing of the draws the fleets then see.
 
-Why a window, and the rate right after it: one replica learns for a few
-thousand tokens of regret, and its rate then wanders between spans of a run
-by more than that over 32,000 steps (seed 0: 6.5, 5.7, 5.7, 5.6 and 5.1 tokens
-a step over the first and second eighth and the second, third and last
-quarter). The total less the late rate (over the last quarter) times all
-32,000 steps puts one replica's transient anywhere from 1,624 tokens (seed 1)
-to 20,697 (seed 0), and every ratio to it with it; it is still printed, as
-"whole-run transient". Over the second eighth the rate is the one learning
-settled at, and its error counts 4,000 times, not 32,000. It still counts:
-on seed 1 one replica pays 5.56 a step in the window and 6.11 after it, its
-exploration regret comes out at 129 tokens and that seed's ratios are noise.
+Why paired: the regret a learned replica pays wanders between spans of a run by
+more than what its learning costs, so a steady rate fitted on the cold run
+itself and subtracted leaves an error as large as the quantity. The cold and the
+warm run of a fleet share every random stream instead, and their difference
+cancels what the streams put in both. The world draws with
+``independent_draws``: the n-th arriving request's class and length, each step's
+acceptance uniforms and its step-time noise come from streams of their own,
+drawn alike whatever the arms run. Each engine draws one uniform a step for its
+arm samples from its own stream, the policy's posterior draws are fixed by its
+seed, and the order of the replicas in a round comes from the seed. What differs
+is the policy's knowledge, and with it the arms run and so when requests finish.
+
+Over the whole run, because a fleet that still learns late keeps adding to the
+difference: the table gives the rate the difference grows at over the last
+quarter of the traffic (tokens per step of traffic), which is about 0 once the
+cold fleet pays what the warm one pays. A fleet whose late rate is clearly above
+0 is still learning when the traffic ends, and its exploration regret is a lower
+bound. For a sharing fleet the table also gives the exploration regret paid
+before the first merge, which no store can save: no engine has reported yet.
 
 One run is one draw of the requests, the acceptance and the engines' arm
-samples: each seed of ``--seeds`` runs every fleet, each fleet's regret is
-divided by the same seed's one replica, and the median over the seeds is
-printed with each seed's ratio.
+samples: each seed of ``--seeds`` runs every fleet cold and warm, each fleet's
+exploration regret is divided by the same seed's one replica's, and the median
+of these ratios over the seeds is printed with each seed's and the pooled ratio
+(the fleet's sum over the seeds over one replica's sum), which a seed where one
+replica learns little moves less than it moves that seed's ratio.
 
 Sharing runs the code the sidecars' store runs, in process: every
 ``--exchange-s`` seconds of engine time (a round of the store, 1 s by default
@@ -54,11 +64,14 @@ since the start up to it), and at each the
 replicas take turns in a random order, as rounds out of phase do. A real
 Redis round trip per round would add wall time to the benchmark and change
 nothing that is merged, so none is made. The goal: 16 sharing replicas pay no
-more than 2x the regret of one replica (without sharing, up to 16x).
+more than 2x the exploration regret of one replica (without sharing, up to 16x).
 
-Prints a table per seed and the ratios per seed with their median, and writes
-DIR/fleet_regret.json (every run of every seed, with its curve) and
-DIR/fleet_regret.png (the median ratios by replicas; the first seed's curves).
+The runs of all seeds are independent once each seed's warm state is learned;
+``--jobs`` runs them in that many processes. Prints a table per seed and the
+ratios per seed with their median and pooled ratio, and writes
+DIR/fleet_regret.json (every fleet of every seed, cold and warm, with their
+curves) and DIR/fleet_regret.png (the median ratios by replicas; the first
+seed's exploration regret over the traffic).
 """
 
 from __future__ import annotations
@@ -67,14 +80,18 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from specctl.policy.base import Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
+from specctl.sidecar import snapshot
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.fleet_entry import Entry, EntryHeader, decode_entry, encode_entry
 from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, round_wait
@@ -86,10 +103,14 @@ REPLICAS = (1, 4, 16)
 MAX_ENTRY_BYTES = 4 * 1024 * 1024
 # fleet steps between the points of a run's regret curve
 CURVE_TRAFFIC = 64
-# the learning window, and the end of the span the settled rate is fitted over (from the
-# window's end), as shares of the traffic
-LEARNING_SHARE = 0.125
-SETTLED_UNTIL = 0.25
+# the replica index of the run the warm state is learned on: no fleet has it, so its
+# streams are its own
+TEACHER_INDEX = 999
+# the share of the traffic, at its end, over which the exploration regret's late rate is
+# measured
+LATE_SHARE = 0.25
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -110,16 +131,34 @@ class Replica:
         return float((self.engine.record.rounds * lost).sum())
 
 
-def make_replica(scenario: Scenario, seed: int, index: int, report_every: int) -> Replica:
-    world = World(scenario, np.random.default_rng([seed, index, 0]))
-    book = PolicyBook(
-        make_policy("specctl", {}), max_classes=max(64, len(scenario.model.classes) + 1)
-    )
+def fresh_policy() -> Policy:
+    return make_policy("specctl", {})
+
+
+def make_replica(
+    scenario: Scenario, seed: int, index: int, report_every: int, warm: bytes | None = None
+) -> Replica:
+    """Replica ``index`` of a fleet of this seed: its streams depend on the seed and the
+    index alone. ``warm``: an encoded snapshot its book starts from (None: the prior)."""
+    world = World(scenario, np.random.default_rng([seed, index, 0]), independent_draws=True)
+    book = PolicyBook(fresh_policy(), max_classes=max(64, len(scenario.model.classes) + 1))
+    if warm is not None:
+        problem = snapshot.restore(book, snapshot.decode(warm), fresh_policy)
+        if problem is not None:
+            raise RuntimeError(f"the warm state was not restored: {problem}")
     link = InProcessLink(
         book, scenario.model.drafters, engine_id=f"sim-{index}", report_every=report_every
     )
     engine = SimulatedEngine(world, link, seed=seed * 1000 + index)
     return Replica(world, book, link, engine)
+
+
+def learn_warm_state(scenario: Scenario, seed: int, report_every: int) -> bytes:
+    """What one replica knows after the scenario's steps, as its sidecar's snapshot file
+    holds it."""
+    replica = make_replica(scenario, seed, TEACHER_INDEX, report_every)
+    replica.engine.run(scenario.steps)
+    return snapshot.encode(snapshot.capture(replica.book, snapshot.IngestWatermarks()))
 
 
 def publish(replica: Replica, index: int) -> SharedEvidence:
@@ -159,19 +198,20 @@ def run_fleet(
     replicas: int,
     *,
     share: bool,
-    total_steps: int,
     exchange_steps: int,
     seed: int,
     report_every: int,
+    warm: bytes | None = None,
 ) -> dict[str, Any]:
-    """One fleet over the total traffic; its regret over time and at the end.
+    """One fleet over the scenario's steps of total traffic, started cold or from
+    ``warm``; its regret over time and at the end.
 
     At each round the replicas take their turns in a random order, each writing its
     own entry and then merging the others' latest: as rounds out of phase do, a
     replica reads some entries of this round and some of the previous one.
     """
-    fleet = [make_replica(scenario, seed, i, report_every) for i in range(replicas)]
-    steps = total_steps // replicas
+    fleet = [make_replica(scenario, seed, i, report_every, warm) for i in range(replicas)]
+    steps = scenario.steps // replicas
     rounds = set(round_steps(steps, exchange_steps))
     order = np.random.default_rng([seed, replicas, 2])
     entries: dict[int, SharedEvidence] = {}
@@ -193,9 +233,7 @@ def run_fleet(
     for r in fleet:
         r.link.flush()
     return {
-        "replicas": replicas,
-        "sharing": share,
-        "steps_per_replica": steps,
+        "start": "cold" if warm is None else "warm",
         "regret_tokens": sum(r.regret() for r in fleet),
         "regret_before_first_merge_tokens": before_first_merge,
         "curve": curve,
@@ -203,78 +241,94 @@ def run_fleet(
     }
 
 
-def slope(run: dict[str, Any], start: float, end: float) -> float:
-    """Regret per step of traffic over ``[start, end]``: the least-squares slope of the
-    run's cumulative regret there."""
-    curve = np.array(run["curve"])
-    span = curve[(curve[:, 0] >= start) & (curve[:, 0] <= end)]
-    return float(np.polyfit(span[:, 0], span[:, 1], 1)[0])
-
-
-def explore(run: dict[str, Any], total_steps: int) -> None:
-    """Add the run's exploration regret (module docstring) and the former whole-run
-    transient."""
-    curve = np.array(run["curve"])
-    window = LEARNING_SHARE * total_steps
-    settled = slope(run, window, SETTLED_UNTIL * total_steps)
-    run["learning_window_steps"] = window
-    run["settled_regret_per_step"] = settled
-    run["regret_in_window_tokens"] = float(np.interp(window, curve[:, 0], curve[:, 1]))
-    run["exploration_regret_tokens"] = run["regret_in_window_tokens"] - settled * window
-    late = slope(run, 0.75 * total_steps, total_steps)
-    run["late_regret_per_step"] = late
-    run["whole_run_transient_tokens"] = run["regret_tokens"] - late * total_steps
+def paired(
+    cold: dict[str, Any], warm: dict[str, Any], replicas: int, share: bool, total_steps: int
+) -> dict[str, Any]:
+    """A fleet's exploration regret (module docstring): its cold run less its warm run."""
+    c, w = np.array(cold["curve"]), np.array(warm["curve"])
+    assert np.array_equal(c[:, 0], w[:, 0]), "cold and warm curves at different steps"
+    gap = c[:, 1] - w[:, 1]
+    late = LATE_SHARE * total_steps
+    late_gap = gap[-1] - float(np.interp(total_steps - late, c[:, 0], gap))
+    first = None
+    if cold["regret_before_first_merge_tokens"] is not None:
+        first = cold["regret_before_first_merge_tokens"] - warm["regret_before_first_merge_tokens"]
+    return {
+        "replicas": replicas,
+        "sharing": share,
+        "steps_per_replica": total_steps // replicas,
+        "exploration_regret_tokens": cold["regret_tokens"] - warm["regret_tokens"],
+        "regret_tokens": cold["regret_tokens"],
+        "warm_regret_tokens": warm["regret_tokens"],
+        "steady_regret_per_step": warm["regret_tokens"] / total_steps,
+        "late_exploration_per_step": late_gap / late,
+        "exploration_before_first_merge_tokens": first,
+        "cold": cold,
+        "warm": warm,
+    }
 
 
 def seed_table(results: list[dict[str, Any]], seed: int) -> list[str]:
-    """One seed's fleets: exploration regret, settled rate, total and the former whole-run
-    transient, each x one replica."""
+    """One seed's fleets: exploration regret and total, each x one replica; the warm
+    fleet's steady rate, the exploration regret's late rate, and what was paid before
+    the first merge."""
     one = results[0]
     lines = [
-        f"seed {seed}: tokens (x one replica); settled: regret per step after the learning window",
-        f"{'replicas':>9} {'sharing':>8} {'exploration':>18} {'settled':>8} {'total':>17}"
-        f" {'before 1st merge':>17} {'whole-run transient':>21}",
+        f"seed {seed}: tokens (x one replica); steady: the warm fleet's regret per step; "
+        f"late: exploration regret per step over the last {LATE_SHARE:.0%} of the traffic",
+        f"{'replicas':>9} {'sharing':>8} {'exploration':>19} {'total (cold)':>18}"
+        f" {'total (warm)':>13} {'steady':>7} {'late':>6} {'before 1st merge':>17}",
     ]
     for run in results:
         e, t = run["exploration_regret_tokens"], run["regret_tokens"]
-        w = run["whole_run_transient_tokens"]
-        first = run.get("regret_before_first_merge_tokens")
+        first = run["exploration_before_first_merge_tokens"]
         lines.append(
             f"{run['replicas']:>9} {'yes' if run['sharing'] else 'no':>8} "
-            f"{e:>9.0f} ({e / one['exploration_regret_tokens']:5.2f}x) "
-            f"{run['settled_regret_per_step']:>8.2f} "
-            f"{t:>9.0f} ({t / one['regret_tokens']:4.2f}x) "
-            f"{'' if first is None else f'{first:.0f}':>17} "
-            f"{w:>11.0f} ({w / one['whole_run_transient_tokens']:6.2f}x)"
+            f"{e:>9.0f} ({e / one['exploration_regret_tokens']:6.2f}x) "
+            f"{t:>9.0f} ({t / one['regret_tokens']:5.2f}x) "
+            f"{run['warm_regret_tokens']:>13.0f} "
+            f"{run['steady_regret_per_step']:>7.2f} "
+            f"{run['late_exploration_per_step']:>6.2f} "
+            f"{'' if first is None else f'{first:.0f}':>17}"
         )
     return lines
 
 
+def fleet_ratios(
+    by_seed: dict[int, list[dict[str, Any]]], replicas: int, share: bool, measure: str
+) -> tuple[list[float], float, float]:
+    """A fleet's ratio of ``measure`` to one replica's, per seed; their median; and the
+    pooled ratio, the fleet's sum over the seeds over one replica's."""
+    seeds = sorted(by_seed)
+    fleet = [
+        next(r for r in by_seed[s] if r["replicas"] == replicas and r["sharing"] == share)[measure]
+        for s in seeds
+    ]
+    one = [by_seed[s][0][measure] for s in seeds]
+    ratios = [f / o for f, o in zip(fleet, one, strict=True)]
+    return ratios, float(np.median(ratios)), sum(fleet) / sum(one)
+
+
 def summary_table(by_seed: dict[int, list[dict[str, Any]]]) -> list[str]:
-    """Per fleet: each seed's ratio to that seed's one replica, and the median."""
+    """Per fleet: each seed's ratio to that seed's one replica, the median and the pooled
+    ratio."""
     seeds = sorted(by_seed)
     lines = [
-        f"ratios to one replica of the same seed (seeds {', '.join(map(str, seeds))}; median):"
+        f"ratios to one replica of the same seed (seeds {', '.join(map(str, seeds))}; "
+        "median; pooled: the sums over the seeds):"
     ]
     for measure, label in (
         ("exploration_regret_tokens", "exploration regret"),
-        ("regret_tokens", "total regret"),
-        ("whole_run_transient_tokens", "whole-run transient (the former measure)"),
+        ("regret_tokens", "total regret, cold"),
     ):
         lines.append(f"  {label}:")
         for replicas in REPLICAS[1:]:
             for share in (False, True):
-                ratios = []
-                for seed in seeds:
-                    runs = by_seed[seed]
-                    run = next(
-                        r for r in runs if r["replicas"] == replicas and r["sharing"] == share
-                    )
-                    ratios.append(run[measure] / runs[0][measure])
-                each = " ".join(f"{r:5.2f}x" for r in ratios)
+                ratios, median, pooled = fleet_ratios(by_seed, replicas, share, measure)
+                each = " ".join(f"{r:6.2f}x" for r in ratios)
                 lines.append(
                     f"  {replicas:>4} replicas, {'sharing' if share else 'alone  '}: {each}"
-                    f"   median {float(np.median(ratios)):.2f}x"
+                    f"   median {median:.2f}x   pooled {pooled:.2f}x"
                 )
     return lines
 
@@ -287,37 +341,79 @@ def write_plot(by_seed: dict[int, list[dict[str, Any]]], path: Path, exchange_s:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     first = min(by_seed)
+    measure = "exploration_regret_tokens"
     for share, style in ((False, "--"), (True, "-")):
         label = "sharing evidence" if share else "each replica alone"
-        ratios = [
-            [
-                r["exploration_regret_tokens"] / runs[0]["exploration_regret_tokens"]
-                for r in runs
-                if r["sharing"] == share or r["replicas"] == 1
-            ]
-            for runs in by_seed.values()
-        ]
-        left.plot(list(REPLICAS), np.median(ratios, axis=0), style, marker="o", label=label)
+        medians, pooled = [1.0], [1.0]
+        for replicas in REPLICAS[1:]:
+            _, median, pool = fleet_ratios(by_seed, replicas, share, measure)
+            medians.append(median)
+            pooled.append(pool)
+        line = left.plot(list(REPLICAS), medians, style, marker="o", label=f"{label}, median")
+        left.plot(list(REPLICAS), pooled, "x", color=line[0].get_color(), label=f"{label}, pooled")
         for r in by_seed[first]:
-            if r["replicas"] == 1 and share:
+            if (r["replicas"] == 1 and share) or (r["sharing"] != share and r["replicas"] > 1):
                 continue
-            if r["sharing"] != share and r["replicas"] > 1:
-                continue
-            xs, ys = zip(*r["curve"], strict=True)
-            right.plot(xs, ys, style, label=f"{r['replicas']} replicas, {label}")
+            cold, warm = np.array(r["cold"]["curve"]), np.array(r["warm"]["curve"])
+            right.plot(
+                cold[:, 0],
+                cold[:, 1] - warm[:, 1],
+                style,
+                label=f"{r['replicas']} replicas, {label}",
+            )
     left.axhline(2.0, color="grey", lw=0.8, ls=":", label="2x one replica")
     left.set_xscale("log", base=2)
     left.set_xticks(list(REPLICAS), [str(n) for n in REPLICAS])
     left.set_xlabel("replicas (same total traffic)")
-    left.set_ylabel(f"exploration regret, x one replica (median of {len(by_seed)} seeds)")
-    left.legend()
+    left.set_ylabel(f"exploration regret, x one replica ({len(by_seed)} seeds)")
+    left.legend(fontsize=7)
     right.set_xlabel("steps served by the fleet")
-    right.set_ylabel(f"cumulative fleet regret (tokens, seed {first})")
+    right.set_ylabel(f"regret cold less warm (tokens, seed {first})")
     right.legend(fontsize=7)
     fig.suptitle(f"specctl on {SCENARIO}, a round every {exchange_s:g} s of engine time")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every run of the benchmark shares."""
+
+    steps: int
+    exchange_steps: int
+    report_every: int
+
+    def scenario(self) -> Scenario:
+        (scenario,) = build_scenarios(SCENARIO, self.steps)
+        return scenario
+
+
+def warm_state_task(setup: Setup, seed: int) -> bytes:
+    return learn_warm_state(setup.scenario(), seed, setup.report_every)
+
+
+def fleet_task(
+    setup: Setup, seed: int, replicas: int, share: bool, warm: bytes | None
+) -> dict[str, Any]:
+    return run_fleet(
+        setup.scenario(),
+        replicas,
+        share=share,
+        exchange_steps=setup.exchange_steps,
+        seed=seed,
+        report_every=setup.report_every,
+        warm=warm,
+    )
+
+
+def run_all(jobs: int, fn: Callable[..., R], calls: Iterable[tuple[Any, ...]]) -> list[R]:
+    """``fn(*call)`` for every call, in ``jobs`` processes (in this one if 1), in order."""
+    calls = list(calls)
+    if jobs <= 1:
+        return [fn(*call) for call in calls]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(fn, *zip(*calls, strict=True)))
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -346,44 +442,55 @@ def main() -> int:
     parser.add_argument(
         "--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated, e.g. 0,1,2"
     )
+    parser.add_argument("--jobs", type=int, default=1, help="processes to run the runs in")
     parser.add_argument("--out", type=Path, default=Path("fleet-out"))
     args = parser.parse_args()
     (scenario,) = build_scenarios(SCENARIO, args.steps)
     step_s = scenario.model.base_step_time_s(scenario.batch)
     exchange_steps = max(1, round(args.exchange_s / step_s))
+    setup = Setup(args.steps, exchange_steps, args.report_every)
     print(
         f"{SCENARIO}: batch {scenario.batch}, a plain step {1000 * step_s:.1f} ms: a round "
         f"every {args.exchange_s:g} s of engine time is every {exchange_steps} steps",
         file=sys.stderr,
     )
+    started = time.perf_counter()
+    states = dict(
+        zip(
+            args.seeds,
+            run_all(args.jobs, warm_state_task, [(setup, seed) for seed in args.seeds]),
+            strict=True,
+        )
+    )
+    print(f"  warm states learned ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    fleets = [(r, s) for r in REPLICAS for s in ((False, True) if r > 1 else (False,))]
+    calls = [
+        (setup, seed, replicas, share, warm)
+        for seed in args.seeds
+        for replicas, share in fleets
+        for warm in (None, states[seed])
+    ]
+    runs = iter(run_all(args.jobs, fleet_task, calls))
     by_seed: dict[int, list[dict[str, Any]]] = {}
     for seed in args.seeds:
         results = []
-        for replicas in REPLICAS:
-            for share in (False, True) if replicas > 1 else (False,):
-                run = run_fleet(
-                    scenario,
-                    replicas,
-                    share=share,
-                    total_steps=args.steps,
-                    exchange_steps=exchange_steps,
-                    seed=seed,
-                    report_every=args.report_every,
-                )
-                explore(run, args.steps)
-                run["seed"] = seed
-                results.append(run)
-                print(
-                    f"  seed {seed}, {replicas:>2} replicas, {'shared' if share else 'alone '}: "
-                    f"regret {run['regret_tokens']:.0f} tokens ({run['wall_s']} s)",
-                    file=sys.stderr,
-                )
+        for replicas, share in fleets:
+            cold, warm = next(runs), next(runs)
+            run = paired(cold, warm, replicas, share, args.steps)
+            run["seed"] = seed
+            results.append(run)
+            print(
+                f"  seed {seed}, {replicas:>2} replicas, {'shared' if share else 'alone '}: "
+                f"regret {cold['regret_tokens']:.0f} cold, {warm['regret_tokens']:.0f} warm "
+                f"({cold['wall_s']} s, {warm['wall_s']} s)",
+                file=sys.stderr,
+            )
         by_seed[seed] = results
         print("\n".join(seed_table(results, seed)), flush=True)
     print(
         f"regret vs the oracle on {SCENARIO}, {args.steps} steps of total traffic, a round "
-        f"every {args.exchange_s:g} s; exploration: the regret over the first "
-        f"{LEARNING_SHARE * args.steps:.0f} steps less the rate settled at after them"
+        f"every {args.exchange_s:g} s; exploration: a fleet's regret started cold less "
+        "started warm, over the whole run"
     )
     print("\n".join(summary_table(by_seed)))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -401,7 +508,11 @@ def main() -> int:
         )
     )
     write_plot(by_seed, args.out / "fleet_regret.png", args.exchange_s)
-    print(f"wrote {args.out}/fleet_regret.json and fleet_regret.png", file=sys.stderr)
+    print(
+        f"wrote {args.out}/fleet_regret.json and fleet_regret.png "
+        f"({time.perf_counter() - started:.0f} s)",
+        file=sys.stderr,
+    )
     return 0
 
 
