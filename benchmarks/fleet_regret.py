@@ -36,6 +36,17 @@ drawn alike whatever the arms run. Each engine draws one uniform a step for its
 arm samples from its own stream, the policy's posterior draws are fixed by its
 seed, and the order of the replicas in a round comes from the seed. What differs
 is the policy's knowledge, and with it the arms run and so when requests finish.
+That is also what the pairing cannot cancel: once the two runs' policies choose
+differently, each step's draws fall on other requests, their evidence parts, and
+the rate each then pays wanders on its own. The difference carries that wander
+for the rest of the run, so one replica's exploration regret still moves by
+thousands of tokens between seeds, and with it every ratio of a seed.
+
+A warm sharing fleet pools its replicas' restored states: N copies of what one
+replica learned, more than a fleet holds after the run's traffic. It settles
+below one warm replica's rate, and its cold run approaches that rate still at the
+end: a sharing fleet's exploration regret is counted against a steady state it
+does not reach within the traffic.
 
 Over the whole run, because a fleet that still learns late keeps adding to the
 difference: the table gives the rate the difference grows at over the last
