@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import statistics
 from typing import Any
 
 import pytest
@@ -191,15 +192,20 @@ def test_engine_tokens_agree_with_vllm_and_off_shares(run: dict[str, Any]) -> No
     out = run["json"]
     # vLLM counts every generated token (a request's first comes from its prefill); its
     # counter is read through the API server, over an interval of its own whose ends move by
-    # up to seconds on a loaded machine (a 3 s segment was once read over 0.98 s): the rates
-    # are compared over the whole run, where those ends weigh little
+    # up to seconds on a loaded machine, and a late read can take in a burst of tokens the
+    # API server had not yet counted (once 5,011 tokens over 6.8 s where the window held
+    # 1,457 over 3.6 s): the rates are compared per segment, and their median must agree,
+    # so that one such segment does not decide and a token count off by a fifth still fails
     segments = out["segments"]
-    tokens = sum(v["tokens"] for s in segments for v in s["classes"].values())
-    rate = tokens / sum(s["window_s"] for s in segments)
-    vllm_rate = sum(s["vllm_generation_tokens"] for s in segments) / sum(
-        s["vllm_window_s"] for s in segments
-    )
-    assert 0.8 * vllm_rate <= rate <= 1.2 * vllm_rate, (rate, vllm_rate)
+    ratios = [
+        sum(v["tokens"] for v in s["classes"].values())
+        / s["window_s"]
+        / (s["vllm_generation_tokens"] / s["vllm_window_s"])
+        for s in segments
+        if s["vllm_window_s"] >= 1.0 and s["vllm_generation_tokens"] > 0
+    ]
+    assert len(ratios) >= len(segments) // 2, segments
+    assert 0.8 <= statistics.median(ratios) <= 1.2, ratios
     for s in segments:
         assert sum(v["tokens"] for v in s["classes"].values()) > 0, s
         # vLLM's own interval is a scrape's length shorter or longer than the window
