@@ -368,7 +368,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         probs = p_best
         mode = int(np.argmax(probs))
         explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
-        control = self._control_share(bucket)
+        control = self._control_share(slot, bucket, samples, mode)
         if control > 0.0 and probs[0] < control:
             probs = probs * (1.0 - control)
             probs[0] += control
@@ -407,7 +407,9 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         window = 2.0 * MIN_RECENT_OBSERVATIONS * (1.0 - cfg.recent_discount)
         return max(cfg.probe_floor, window / max(requests, 1e-12))
 
-    def _control_share(self, bucket: int) -> float:
+    def _control_share(
+        self, slot: int | None, bucket: int, samples: ContextDraws, mode: int
+    ) -> float:
         """The share of rounds a speculating context runs ``off`` so that the bucket
         keeps steps without speculation in its memory.
 
@@ -418,15 +420,49 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         testbed at concurrency 30, with 10 of 401 steps free of speculation, the policy
         put a greedy class's K=1 at 13% over ``off`` where it was 23%). Each class
         draws its arm with the step's one uniform over arms ordered ``off`` first, so
-        a share of ``off`` in every context makes whole steps without speculation. The
-        share fades as the bucket's memory fills with such steps (``control_steps``)
-        and is no cost where some classes run ``off`` anyway.
+        a share of ``off`` in every context makes whole steps without speculation.
+
+        The share is what the decision needs, no more. It fades as the bucket's
+        memory fills with such steps (``control_steps``), and it fades as the
+        posterior of the chosen arm's extra step time over ``off`` narrows against
+        its gain over ``off``: with ``s`` that standard deviation relative to the
+        arm's step and ``g`` the arm's relative gain in goodput, the share is full
+        while ``control_z * s >= 2 g`` and none once ``control_z * s <= g``. An arm far
+        ahead of ``off`` needs few such steps to be known ahead; one close to it needs
+        many, and there Thompson sampling runs ``off`` anyway. Classes decided together
+        share their steps, and a step is free of speculation only where all of them
+        run ``off``: they keep the share the neediest of them asks. A fixed count of such
+        steps in a memory of ``1 / (1 - cost_discount)`` steps would spend a fixed
+        share of every context's rounds on ``off`` for as long as it runs, however
+        far behind ``off`` is.
         """
         cfg = self.config
-        if cfg.control_share == 0.0 or cfg.control_steps == 0.0:
+        if cfg.control_share == 0.0 or cfg.control_steps == 0.0 or mode == 0:
             return 0.0
         held = float(self.learned.cost.off_steps[bucket]) / cfg.control_steps
-        return cfg.control_share * max(0.0, 1.0 - held)
+        if held >= 1.0:
+            return 0.0
+        joint = self._joint_samples(bucket) if slot is not None else {}
+        if slot in joint:
+            needed = max(
+                self._control_need(bucket, draws, int(np.argmax(draws.prob_best())))
+                for draws in joint.values()
+            )
+        else:
+            needed = self._control_need(bucket, samples, mode)
+        return cfg.control_share * (1.0 - held) * needed
+
+    def _control_need(self, bucket: int, samples: ContextDraws, mode: int) -> float:
+        """How much of the control share a context's choice of ``mode`` needs, 0 to 1
+        (see :meth:`_control_share`)."""
+        if mode == 0:
+            return 0.0
+        off_goodput = float(samples.goodput[:, 0].mean())
+        gain = float(samples.goodput[:, mode].mean()) / max(off_goodput, 1e-12) - 1.0
+        if gain <= 0.0:
+            return 1.0
+        spread = self.config.control_z * float(self._off_contrast_sd(bucket)[mode])
+        return min(max(spread / gain - 1.0, 0.0), 1.0)
 
     def _probe_distribution(self, samples: ContextDraws) -> np.ndarray | None:
         """How a switched-off context's probes spread over the speculative arms.
@@ -527,6 +563,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         self._observed.clear()
         self._step_times.clear()
         self._token_times.clear()
+        self._off_contrast.clear()
         self._tokens.clear()
         self._joint.clear()
         self._profiles = saved.profiles

@@ -36,6 +36,7 @@ class SpecctlConfig:
     cold_start_rounds: float = 50.0
     control_share: float = 0.05
     control_steps: float = 20.0
+    control_z: float = 4.0
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
     max_rounds: float = 50000.0
@@ -72,6 +73,7 @@ class SpecctlConfig:
             "cold_start_rounds": real("cold_start_rounds", self.cold_start_rounds, 0.0, 1e9),
             "control_share": real("control_share", self.control_share, 0.0, 0.5),
             "control_steps": real("control_steps", self.control_steps, 0.0, 1e6),
+            "control_z": real("control_z", self.control_z, 0.0, 1e6),
             "prior_acceptance": real(
                 "prior_acceptance", self.prior_acceptance, 0.0, 1.0, lo_open=True, hi_open=True
             ),

@@ -84,6 +84,9 @@ class PosteriorDraws:
         self._step_times: dict[int, tuple[tuple[int, int], float, np.ndarray, np.ndarray]] = {}
         # per bucket, draws of the target's cost per token verified, next to _step_times
         self._token_times: dict[int, np.ndarray] = {}
+        # per bucket, next to _step_times: each arm's posterior mean step time and the
+        # posterior standard deviation of its extra step time over off (0 for off)
+        self._off_contrast: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
         # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, ContextDraws]]] = {}
@@ -187,11 +190,13 @@ class PosteriorDraws:
         # posterior conditioned on being >= 0 (see truncated): speculation never makes a
         # step cheaper, and clipping at off instead would make an arm free in every draw
         # that says it is cheaper, where a hair of extra tokens then beats off
+        contrast_sd = np.zeros(len(self._arms))
         for chain in self._k_chains:
             spec = chain[1:]
             extra = features[spec] - features[0]
             scale = extra @ factor
             sd = np.maximum(np.sqrt((scale * scale).sum(axis=1)), 1e-12)
+            contrast_sd[spec] = sd
             z = self._z_cost.astype(np.float64) @ (scale / sd[:, None]).T
             step_time[:, spec] = step_time[:, :1] + nonnegative_draws(extra @ theta_mean, sd, z)
         # a draw may not make an arm more than 1/_MAX_SPEEDUP_OF_DRAW times faster than its
@@ -214,7 +219,15 @@ class PosteriorDraws:
         np.minimum(batch_wide, step_time - step_time[:, :1], out=batch_wide)
         self._step_times[bucket] = (version, batch_size, step_time, batch_wide)
         self._token_times[bucket] = token_s
+        self._off_contrast[bucket] = (features @ theta_mean, contrast_sd)
         return batch_size, step_time, batch_wide
+
+    def _off_contrast_sd(self, bucket: int) -> np.ndarray:
+        """Per arm, the posterior standard deviation of its extra step time over ``off``
+        at the bucket's typical batch, relative to its mean step time (0 for ``off``)."""
+        self._step_time_samples(bucket)
+        mean, sd = self._off_contrast[bucket]
+        return sd / np.maximum(mean, MIN_STEP_TIME_S)
 
     def _unproposed_time(self, slot: int | None, bucket: int) -> np.ndarray | None:
         """Per draw and arm, the verification a request of the class does not pay because

@@ -771,12 +771,13 @@ def test_steps_without_speculation_are_kept_where_every_class_speculates(seed: i
     """Speculation doubles this class's goodput, so it all but never runs off; a step with
     any drafts costs 6 ms more than one without, whatever K. Without steps free of
     speculation that 6 ms cannot be told from the step's base cost: the fit splits it and
-    off looks 12% dearer than it is. A few percent of off as control keeps such steps in
-    the bucket's memory and the cost of off measured."""
+    off looks 12% dearer than it is. Off as control, at the share the fixed count of such
+    steps asks (``control_z`` so large that the decision always needs it), keeps such steps
+    in the bucket's memory and the cost of off measured."""
     true_off_s = 0.02 + 1e-4 * 8
 
     def learned_off(control_share: float) -> float:
-        policy = specctl(control_share=control_share)
+        policy = specctl(control_share=control_share, control_z=1e6)
         env = SyntheticEnv(
             drafters=NGRAM, acceptance={"ngram": 0.9}, base_s=0.02, token_s=1e-4,
             pass_s=0.002, spec_fixed_s=0.006, noise_s=1e-3, seed=seed,
@@ -789,6 +790,31 @@ def test_steps_without_speculation_are_kept_where_every_class_speculates(seed: i
 
     assert learned_off(0.05) == pytest.approx(true_off_s, rel=0.04)
     assert learned_off(0.0) > 1.08 * true_off_s
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_off_as_control_is_kept_only_while_the_decision_needs_it(seed: int) -> None:
+    """The same class, with speculation twice off's goodput: the posterior of the chosen
+    arm's extra step time over off, 6 ms give or take a few, cannot make off the better
+    arm, so the decision needs no steps without speculation and the control fades. Held
+    at the fixed count of such steps in the bucket's memory instead, off runs on 1-3% of
+    the rounds for as long as the class runs."""
+
+    def late_off_share(**params: float) -> float:
+        policy = specctl(**params)
+        env = SyntheticEnv(
+            drafters=NGRAM, acceptance={"ngram": 0.9}, base_s=0.02, token_s=1e-4,
+            pass_s=0.002, spec_fixed_s=0.006, noise_s=1e-3, seed=seed,
+        )  # fmt: skip
+        late = 0
+        for step in range(800):
+            chosen = env.run_mixed_step(policy, {"chat": (8, 0.9)}, 0)
+            late += step >= 400 and chosen["chat"] == OFF
+        assert policy.select_action("chat", 0).probability_of(OFF) <= 0.05
+        return late / 400
+
+    assert late_off_share() <= 0.005
+    assert late_off_share(control_z=1e6) >= 0.01
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
