@@ -16,7 +16,6 @@ with ``fleet.url``, the shared evidence store's task
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +45,33 @@ from specctl.sidecar.state import StateKeeper
 from specctl.sidecar.tls import CertificateFiles
 
 log = get_logger(__name__)
+
+# how long a stop waits for its background tasks to end, and for the fleet store to close
+STOP_TASKS_TIMEOUT_S = 5.0
+
+
+async def _bounded(what: str, tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for ``tasks`` for at most ``STOP_TASKS_TIMEOUT_S``, then go on stopping.
+
+    A stop must end: closing a TLS connection to a store that has gone waits for
+    its shutdown (up to 30 s in Python 3.11), and a task that is in such a close
+    when it is cancelled ends only after it. What is left is logged and abandoned.
+    """
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=STOP_TASKS_TIMEOUT_S)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "sidecar_stop_task_failed", task=task.get_name(), error=repr(task.exception())
+            )
+    if pending:
+        log.warning(
+            "sidecar_stop_left_tasks",
+            what=what,
+            tasks=sorted(t.get_name() for t in pending),
+            timeout_s=STOP_TASKS_TIMEOUT_S,
+        )
 
 
 def build_book(config: SidecarConfig, policy: Policy | None = None) -> PolicyBook:
@@ -222,11 +248,9 @@ class Sidecar:
             self.sessions.remove(session)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _bounded("background tasks", self._tasks)
         if self.fleet is not None:
-            await self.fleet.close()
+            await _bounded("closing the fleet store", [asyncio.create_task(self.fleet.close())])
         self.learner.learn_pending()
         if self.state is not None:
             await asyncio.to_thread(self.state.close)
