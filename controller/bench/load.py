@@ -13,6 +13,17 @@ their class in ``vllm_xargs``, as production clients do, and generate
 ``max_tokens`` tokens to the end (``ignore_eos``). Each client draws its
 prompts, lengths and sampling seeds from its own seeded generator, so every
 policy measured in a phase sees the same sequence of requests.
+
+Clients start in steady state. Started together with full-length requests,
+a phase's clients are a cohort: nobody finishes, so nobody prefills, until
+the shortest output is done (64 rounds in the shipped workloads, about 10 s
+at a concurrency of 32 on the testbed). A segment measured a few seconds in
+would see a fraction of the prefill a running server does, and a learning
+policy's segment, measured after its longer warm-up, the full share: the
+static arms would be measured on cheaper steps. So each client's first
+request generates what a request in flight at a random instant still has to
+generate (:func:`residual_output_tokens`), and the engine prefills at its
+steady rate from the first seconds.
 """
 
 from __future__ import annotations
@@ -68,6 +79,21 @@ def read_prompts(source: str) -> list[str]:
     return texts
 
 
+def residual_output_tokens(rng: random.Random, low: int, high: int) -> int:
+    """Tokens left to generate for a request found in flight at a random instant, when
+    output lengths are uniform in ``[low, high]``.
+
+    A random instant falls in a request with probability proportional to its length
+    (draw the length size-biased), and anywhere along it (draw what is left
+    uniformly): ``P(left = r) = P(length >= r) / E[length]``, the renewal process's
+    residual life.
+    """
+    while True:
+        length = rng.randint(low, high)
+        if rng.random() * high < length:
+            return rng.randint(1, length)
+
+
 class PromptPool:
     """Tokenized prompt texts of one class, and prompts of a drawn length made from them."""
 
@@ -112,11 +138,15 @@ class LoadGenerator:
         self.classes = {c.name: c for c in classes}
         self.pools = pools
 
-    def _body(self, spec: ClassSpec, rng: random.Random) -> dict[str, Any]:
+    def _body(self, spec: ClassSpec, rng: random.Random, *, first: bool) -> dict[str, Any]:
+        """A request of ``spec``; a client's ``first`` one as if found in flight."""
+        prompt = self.pools[spec.name].draw(rng)
+        low, high = spec.output_tokens
+        max_tokens = residual_output_tokens(rng, low, high) if first else rng.randint(low, high)
         return {
             "model": self.model,
-            "prompt": self.pools[spec.name].draw(rng),
-            "max_tokens": rng.randint(*spec.output_tokens),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
             "ignore_eos": True,
             "seed": rng.randrange(2**31),
             **dict(spec.sampling),
@@ -139,8 +169,10 @@ class LoadGenerator:
             spec = self.classes[name]
             rng = random.Random(f"{'/'.join(map(str, seed))}/{name}/{index}")
             s = stats[name]
+            first = True
             while not stop.is_set():
-                body = self._body(spec, rng)
+                body = self._body(spec, rng, first=first)
+                first = False
                 try:
                     async with session.post(f"{self.base_url}/v1/completions", json=body) as r:
                         payload = await r.json(content_type=None)
