@@ -118,7 +118,11 @@ class EngineBench:
             self._sidecar_mode = run.name
         else:
             if self._sidecar_mode != REFERENCE_SIDECAR:
-                sidecar.start(REFERENCE_SIDECAR, {"arm": "off"})
+                # its decision log holds the static segments' steps, next to the policies'
+                reference_dir = None
+                if self._state_root is not None:
+                    reference_dir = self._state_root / REFERENCE_SIDECAR
+                sidecar.start(REFERENCE_SIDECAR, {"arm": "off"}, state_dir=reference_dir)
                 self._sidecar_mode = REFERENCE_SIDECAR
             assert run.static_arm is not None
             for c in self.workload.classes:
@@ -369,7 +373,8 @@ class EngineBench:
                 self._server.stop()
             if self._sidecar is not None:
                 self._sidecar.stop()
-            # the learning policies' decision logs and snapshots, for `specctl replay`
+            # the decision logs and snapshots (the policies' and the static arms'), for
+            # `specctl replay`
             if self._state_root.is_dir():
                 shutil.rmtree(out / "state", ignore_errors=True)
                 shutil.copytree(self._state_root, out / "state")
