@@ -2,14 +2,22 @@
 
 Per load bucket, a Bayesian linear model:
 
-    step_time_s ~ base + per_token * tokens_verified
+    step_time_s ~ base + per_token * decode_tokens + per_prefill_token * prefill_tokens
                 + sum_d (per_request[d] * requests_d + per_draft_token[d] * draft_tokens_d
                          + per_batch_draft_token[d] * batch_size * step_k_d
                          + second_pass[d] * batch_size * [step_k_d >= 2]
                          + second_verified[d] * requests_d[K >= 2])
 
-``tokens_verified`` is the step's ``num_scheduled_tokens`` (prefill, decode
-and drafts); for each drafter d, ``requests_d`` is how many requests drafted
+``decode_tokens`` are the tokens the step verifies for its decoding
+requests (one each, plus their drafts) and ``prefill_tokens`` the rest of its
+``num_scheduled_tokens`` (prompt chunks). They are two coefficients because
+they cost differently on every backend: a prompt chunk is one dense pass,
+a verified token pays its own sampling and rejection, and on a GPU at small
+batch decode tokens are nearly free where prompt tokens are not (on the CPU
+testbed at a batch of 32, 3.8 ms a decode token against 2.9 a prompt token).
+With one coefficient for both, the prompt chunks, which make most of the
+variation in a step's tokens, set the price of a verified draft. For each
+drafter d, ``requests_d`` is how many requests drafted
 with it and ``draft_tokens_d`` the K they asked of it, summed. So the model
 tells a fixed per-request cost of running a drafter at all (a draft model's
 extra pass, a verification that costs more than a decode step) from the cost
@@ -117,17 +125,25 @@ _MEASURED_SCALE_STEPS = 5.0
 _SHARED_AGREEMENT_SHARE = 0.1
 
 
+# features before the drafters': 1, decode tokens verified, prefill tokens
+BASE_FEATURES = 3
 # features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
 # batch-wide second pass, requests verifying a second draft
 FEATURES_PER_DRAFTER = 5
 
 
 def num_features(num_drafters: int) -> int:
-    """1, tokens verified, then per drafter: requests drafting, draft tokens asked, batch
-    size times the step's K (what the drafter proposed for the whole batch), batch size
-    where the step's K is 2 or more (its second pass), and requests verifying 2 drafts or
-    more."""
-    return 2 + FEATURES_PER_DRAFTER * num_drafters
+    """1, decode tokens verified, prefill tokens, then per drafter: requests drafting,
+    draft tokens asked, batch size times the step's K (what the drafter proposed for the
+    whole batch), batch size where the step's K is 2 or more (its second pass), and
+    requests verifying 2 drafts or more."""
+    return BASE_FEATURES + FEATURES_PER_DRAFTER * num_drafters
+
+
+def drafter_feature(slot: np.ndarray | int, offset: int) -> np.ndarray | int:
+    """Index of a drafter slot's feature ``offset`` (0: requests drafting ... 4: requests
+    verifying 2 drafts or more)."""
+    return BASE_FEATURES + FEATURES_PER_DRAFTER * slot + offset
 
 
 def arm_features(
@@ -140,9 +156,10 @@ def arm_features(
     """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off)."""
     x = np.zeros((k.shape[0], num_features(num_drafters)))
     x[:, 0] = 1.0
-    x[:, 1] = extra_tokens + batch_size * (1.0 + k)
+    x[:, 1] = batch_size * (1.0 + k)
+    x[:, 2] = extra_tokens
     spec = np.flatnonzero(drafter_slot >= 0)
-    base = 2 + FEATURES_PER_DRAFTER * drafter_slot[spec]
+    base = BASE_FEATURES + FEATURES_PER_DRAFTER * drafter_slot[spec]
     x[spec, base] = batch_size
     x[spec, base + 1] = batch_size * k[spec]
     x[spec, base + 2] = batch_size * k[spec]
@@ -170,7 +187,8 @@ class CostModel:
         self.prior_mean = np.zeros(f)
         self.prior_mean[0] = prior_step_s
         self.prior_mean[1] = prior_token_s
-        self.prior_mean[3::FEATURES_PER_DRAFTER] = prior_token_s
+        self.prior_mean[2] = prior_token_s
+        self.prior_mean[BASE_FEATURES + 1 :: FEATURES_PER_DRAFTER] = prior_token_s
         self.prior_step_s = prior_step_s
         self.prior_spread = prior_spread
         self.xtx = np.zeros((num_buckets, f, f))
@@ -221,24 +239,27 @@ class CostModel:
 
     def step_features(
         self,
-        tokens: np.ndarray,
+        decode_tokens: np.ndarray,
+        prefill_tokens: np.ndarray,
         requests: np.ndarray,
         draft_tokens: np.ndarray,
         step_k: np.ndarray,
         batch_size: np.ndarray,
         second_verified: np.ndarray,
     ) -> np.ndarray:
-        """(S, F) from per-step tokens verified and batch size, and per (step, drafter slot)
-        columns: requests drafting, draft tokens asked, the step's K, requests verifying
-        two drafts or more."""
-        x = np.empty((tokens.shape[0], self.num_features))
+        """(S, F) from per-step decode tokens verified, prefill tokens and batch size, and
+        per (step, drafter slot) columns: requests drafting, draft tokens asked, the step's
+        K, requests verifying two drafts or more."""
+        x = np.empty((decode_tokens.shape[0], self.num_features))
         x[:, 0] = 1.0
-        x[:, 1] = tokens
-        x[:, 2::FEATURES_PER_DRAFTER] = requests
-        x[:, 3::FEATURES_PER_DRAFTER] = draft_tokens
-        x[:, 4::FEATURES_PER_DRAFTER] = step_k * batch_size[:, None]
-        x[:, 5::FEATURES_PER_DRAFTER] = (step_k >= 2) * batch_size[:, None]
-        x[:, 6::FEATURES_PER_DRAFTER] = second_verified
+        x[:, 1] = decode_tokens
+        x[:, 2] = prefill_tokens
+        f, n = BASE_FEATURES, FEATURES_PER_DRAFTER
+        x[:, f::n] = requests
+        x[:, f + 1 :: n] = draft_tokens
+        x[:, f + 2 :: n] = step_k * batch_size[:, None]
+        x[:, f + 3 :: n] = (step_k >= 2) * batch_size[:, None]
+        x[:, f + 4 :: n] = second_verified
         return x
 
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:
@@ -263,7 +284,7 @@ class CostModel:
             self.xty[b] += weight * y * x1
             self.yy[b] = self.yy[b] * d + weight * y * y
             self.steps[b] = self.steps[b] * d + weight
-            self.off_steps[b] = self.off_steps[b] * d + float(not x1[2:].any())
+            self.off_steps[b] = self.off_steps[b] * d + float(not x1[BASE_FEATURES:].any())
 
     def _detect_change(self, b: int, z: float) -> None:
         z = min(max(z, -_CUSUM_CLIP), _CUSUM_CLIP)

@@ -27,7 +27,7 @@ import numpy as np
 
 from specctl.arms import MAX_K, Arm, ArmError
 from specctl.policy.acceptance import ARM_STATS
-from specctl.policy.cost import FEATURES_PER_DRAFTER, num_features
+from specctl.policy.cost import BASE_FEATURES, FEATURES_PER_DRAFTER, num_features
 from specctl.steps import validate_class_name
 
 # no count or sum in a contribution may exceed this: far above anything decayed evidence
@@ -81,8 +81,8 @@ class SharedAcceptance:
 class SharedCost:
     """Step-cost regression sums and load per load bucket (:mod:`specctl.policy.cost`).
 
-    Features are ``1, tokens verified`` and then four per drafter, in the order of
-    ``drafters``; ``xtx``, ``xty``, ``yy`` and ``steps`` are the discounted,
+    Features are ``1``, decode tokens verified, prefill tokens, then five per drafter,
+    in the order of ``drafters``; ``xtx``, ``xty``, ``yy`` and ``steps`` are the discounted,
     Huber-weighted sums the cost model keeps, and ``load_*`` the bucket's
     discounted steps, batch sizes and prefill tokens (:mod:`specctl.policy.load`).
     """
@@ -223,9 +223,9 @@ def feature_index(source: Sequence[str], target: Sequence[str]) -> np.ndarray:
     """Where each cost feature of a layout with drafters ``source`` sits in the layout
     with drafters ``target`` (every source drafter must be in target)."""
     position = {d: i for i, d in enumerate(target)}
-    idx = [0, 1]
+    idx = list(range(BASE_FEATURES))
     for d in source:
-        base = 2 + FEATURES_PER_DRAFTER * position[d]
+        base = BASE_FEATURES + FEATURES_PER_DRAFTER * position[d]
         idx.extend(range(base, base + FEATURES_PER_DRAFTER))
     return np.array(idx, dtype=np.int64)
 

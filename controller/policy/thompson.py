@@ -131,7 +131,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     # 2: the cost model's features gained each drafter's requests verifying a second draft
     # 3: each bucket's committed tokens per class and its steps without speculation, and
     # each switched-off context's steps off
-    state_version = 3
+    # 4: the cost model's decode and prefill tokens as two features
+    state_version = 4
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()

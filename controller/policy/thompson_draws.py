@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from specctl.arms import MAX_K, Arm
-from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, arm_features
+from specctl.policy.cost import CostModel, arm_features, drafter_feature
 from specctl.policy.joint import MIN_STEP_TIME_S, JointChoice
 from specctl.policy.thompson_config import SpecctlConfig
 from specctl.policy.thompson_evidence import ThompsonEvidence
@@ -211,8 +211,8 @@ class PosteriorDraws:
         # the drafter's passes for the whole batch: batch size x K x its batch-wide cost
         batch_wide = np.zeros_like(step_time)
         spec = self._arm_drafter_slot[1:]
-        slope = np.maximum(theta[:, 4 + FEATURES_PER_DRAFTER * spec], 0.0)
-        second = np.maximum(theta[:, 5 + FEATURES_PER_DRAFTER * spec], 0.0)
+        slope = np.maximum(theta[:, drafter_feature(spec, 2)], 0.0)
+        second = np.maximum(theta[:, drafter_feature(spec, 3)], 0.0)
         k = self._arm_k[1:]
         batch_wide[:, 1:] = slope * (batch_size * k).astype(np.float32)
         batch_wide[:, 1:] += second * (batch_size * (k >= 2)).astype(np.float32)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specctl.policy.acceptance import AcceptanceModel
-from specctl.policy.cost import FEATURES_PER_DRAFTER, CostModel, num_features
+from specctl.policy.cost import BASE_FEATURES, FEATURES_PER_DRAFTER, CostModel, num_features
 from specctl.policy.load import BucketLoad
 from specctl.policy.shared import (
     MergeReport,
@@ -223,7 +223,8 @@ class ThompsonEvidence:
                 self.rows_untracked += int(untracked.sum())
         bucket = self.load.update(batch, decode_tokens)
         features = self.cost.step_features(
-            batch.num_scheduled_tokens,
+            decode_tokens,
+            np.maximum(batch.num_scheduled_tokens - decode_tokens, 0.0),
             requests,
             draft_tokens,
             step_k,
@@ -541,10 +542,12 @@ class ThompsonEvidence:
         batch_size = self.load.batch_size(bucket)
         typical = np.empty(self.cost.num_features)
         typical[0] = 1.0
-        typical[1] = self.load.extra_tokens(bucket) + 3.0 * batch_size
-        typical[2::FEATURES_PER_DRAFTER] = batch_size
-        typical[3::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        typical[4::FEATURES_PER_DRAFTER] = 2.0 * batch_size
-        typical[5::FEATURES_PER_DRAFTER] = batch_size
-        typical[6::FEATURES_PER_DRAFTER] = batch_size
+        typical[1] = 3.0 * batch_size
+        typical[2] = self.load.extra_tokens(bucket)
+        f, n = BASE_FEATURES, FEATURES_PER_DRAFTER
+        typical[f::n] = batch_size
+        typical[f + 1 :: n] = 2.0 * batch_size
+        typical[f + 2 :: n] = 2.0 * batch_size
+        typical[f + 3 :: n] = batch_size
+        typical[f + 4 :: n] = batch_size
         return typical

@@ -42,7 +42,8 @@ from specctl.steps import validate_class_name
 FORMAT = "specctl-fleet-evidence"
 # 2: five cost features per drafter (requests verifying a second draft)
 # 3: the body's resets
-SCHEMA_VERSION = 3
+# 4: the cost model's decode and prefill tokens as two features
+SCHEMA_VERSION = 4
 MAX_HEADER_BYTES = 4096
 # class resets an entry carries at most (the most recent, see PolicyBook.fleet_resets)
 MAX_RESETS = 256

@@ -16,7 +16,7 @@ from policy_env import SyntheticEnv
 
 from specctl.arms import arms_for, parse_arm
 from specctl.policy.acceptance import ARM_STATS
-from specctl.policy.cost import FEATURES_PER_DRAFTER, num_features
+from specctl.policy.cost import BASE_FEATURES, FEATURES_PER_DRAFTER, num_features
 from specctl.policy.registry import make_policy
 from specctl.policy.shared import (
     SharedAcceptance,
@@ -213,7 +213,8 @@ def test_contributions_sum_by_name_whatever_their_order() -> None:
     one, two = cost(("ngram", "eagle"), 1), cost(("eagle",), 2)
     summed = sum_cost([one, two])
     assert summed is not None and summed.drafters == ("ngram", "eagle")
-    eagle = [0, 1, *range(2 + FEATURES_PER_DRAFTER, 2 + 2 * FEATURES_PER_DRAFTER)]  # then eagle's
+    f = BASE_FEATURES
+    eagle = [0, 1, 2, *range(f + FEATURES_PER_DRAFTER, f + 2 * FEATURES_PER_DRAFTER)]  # eagle's
     expected = one.xtx[:, eagle][:, :, eagle] + two.xtx
     np.testing.assert_allclose(summed.xtx[:, eagle][:, :, eagle], expected)
     with pytest.raises(ValueError, match="load buckets differ"):
