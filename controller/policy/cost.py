@@ -389,8 +389,11 @@ class CostModel:
         memory (``1 / (1 - discount)`` steps, where its own statistics settle):
         a new replica fits on the fleet's steps, a busy one on its own. A bucket
         whose CUSUM detected a change here takes none of them until the fleet's
-        own fit and this replica's own predict a typical step within
-        ``_SHARED_AGREEMENT_SHARE`` of each other.
+        own fit and this replica's own predict this replica's mean step
+        within ``_SHARED_AGREEMENT_SHARE`` of each other: the mean of its own
+        steps' features, where its fit is measured (a typical step at an arm the
+        replica rarely runs is an extrapolation, on which two sound fits of
+        collinear features disagree).
         """
         b = bucket
         if not self.has_shared or self.shared_steps[b] <= 0.0:
@@ -409,8 +412,11 @@ class CostModel:
                 sigma2,
                 typical_x,
             )
-            step = float(typical_x @ own)
-            if abs(float(typical_x @ fleet) - step) > _SHARED_AGREEMENT_SHARE * abs(step):
+            # compared on this replica's own steps (their mean features: the first row of
+            # its sums), where its fit is measured rather than extrapolated
+            seen = self.xtx[b, 0] / max(float(self.steps[b]), 1e-12)
+            step = float(seen @ own)
+            if abs(float(seen @ fleet) - step) > _SHARED_AGREEMENT_SHARE * abs(step):
                 self.shared_weight[b] = 0.0
                 return
             self.shared_held[b] = False
