@@ -4,7 +4,11 @@ Each step, every request samples an arm from the policy's decision for its
 (class, bucket), accepts each draft position with the class's acceptance
 rate until the first rejection, and the step takes
 ``base_s + token_s * tokens + pass_s * deepest K``, plus Gaussian noise of
-standard deviation ``noise_s`` (a loaded machine's wall-clock jitter). The step is encoded and
+standard deviation ``noise_s`` (a loaded machine's wall-clock jitter). The
+deepest K is that of the engine's own drafter (``batch_drafter``, the first
+offered unless named), which drafts for the whole batch, and the report names it
+and its K as the engine's do; any other drafter costs its tokens only, as an
+n-gram lookup the scheduler runs per request does. The step is encoded and
 validated through the real report path, so the policy sees exactly what the
 sidecar would hand it.
 """
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specctl.arms import Arm
+from specctl.arms import Arm, parse_arm
 from specctl.policy.base import Decision, Policy
 from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.steps import StepBatch, StepRecord
@@ -41,6 +45,8 @@ class SyntheticEnv:
     match_rate: dict[str, float] = field(default_factory=dict)
     noise_s: float = 0.0
     seed: int = 0
+    # the drafter the engine runs for the whole batch ("": the first offered)
+    batch_drafter: str = ""
     rng: np.random.Generator = field(init=False)
     steps: int = field(default=0, init=False)
     # every report handed to a policy, in order
@@ -48,6 +54,8 @@ class SyntheticEnv:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
+        if not self.batch_drafter:
+            self.batch_drafter = next(iter(self.drafters), "")
 
     def run_step(
         self, policy: Policy, workload_class: str, bucket: int, batch_size: int
@@ -117,7 +125,8 @@ class SyntheticEnv:
         draws = self.rng.random((ks.shape[0], max(int(ks.max()), 1))) < rates[:, None]
         accepted = np.minimum(np.cumprod(draws, axis=1).sum(axis=1), ks)
         tokens = int((1 + ks).sum())
-        depth = int(ks.max())
+        batch_rows = np.array([parse_arm(a).drafter == self.batch_drafter for a in arms])
+        depth = int(ks[batch_rows].max(initial=0))
         step_time = self.base_s + self.token_s * tokens + self.pass_s * depth
         step_time += self.second_pass_s * (depth >= 2) + self.spec_fixed_s * (depth >= 1)
         if self.noise_s > 0.0:
@@ -136,12 +145,14 @@ class SyntheticEnv:
             propensity=propensity,
             drafted=[int(v) for v in ks],
             accepted=[int(v) for v in accepted],
+            draft_k=depth,
         )
         batch = decode_step_report(
             encode_step_report(self.steps, [record]),
             engine_id="synthetic",
             offered=self.drafters,
             num_load_buckets=len(BOUNDS) + 1,
+            batch_drafter=self.batch_drafter,
         )
         policy.update_params(batch)
         self.batches.append(batch)

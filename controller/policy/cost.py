@@ -21,12 +21,20 @@ drafter d, ``requests_d`` is how many requests drafted
 with it and ``draft_tokens_d`` the K they asked of it, summed. So the model
 tells a fixed per-request cost of running a drafter at all (a draft model's
 extra pass, a verification that costs more than a decode step) from the cost
-of each draft token. ``step_k_d`` is the largest K any request of the step
-ran with d: an engine's drafter proposes that many tokens for every request of
-the batch, and the scheduler only cuts what each class verifies, so a model
-drafter's passes cost ``batch_size * step_k_d`` whatever the other classes
-chose. The two draft terms are the same number when the whole batch runs one
-arm; steps whose classes run different K tell them apart. ``second_pass`` is
+of each draft token. ``step_k_d`` is the K the engine's own drafter ran in the step
+(the largest K any request ran with it, where the engine does not report it):
+that drafter proposes that many tokens for every request of the batch, and the
+scheduler only cuts what each class verifies, so a model drafter's passes cost
+``batch_size * step_k_d`` whatever the other classes chose. The two draft terms
+are the same number when the whole batch runs one arm; steps whose classes run
+different K tell them apart. Only the drafter the engine runs for the whole
+batch (its hello's ``batch_drafter``, marked in :attr:`CostModel.batch_wide`
+from the reports that name it) has the batch-wide terms: an n-gram lookup that
+the scheduler runs beside it, per request, costs per request only. With the
+terms for both, steps where the two drafters ran together leave the fit free
+to hand the n-gram drafter part of the model drafter's passes, and a class
+whose n-gram drafts pay then looks as if they did not (on the testbed at a
+batch of 32, 0.35 ms per request per draft that no n-gram lookup costs). ``second_pass`` is
 what a second draft token costs beyond the line through K: a draft model's
 first token comes with the pass that keeps its KV cache in step, which runs
 at ``off`` too, so K=1 costs next to nothing and K=2 a whole pass more
@@ -190,6 +198,9 @@ class CostModel:
         self.prior_mean[2] = prior_token_s
         self.prior_mean[BASE_FEATURES + 1 :: FEATURES_PER_DRAFTER] = prior_token_s
         self.prior_step_s = prior_step_s
+        # per drafter slot: the engine runs it for the whole batch, so its steps have the
+        # batch-wide terms (see the module's docstring); other drafters' columns stay 0
+        self.batch_wide = np.zeros(num_drafters, dtype=bool)
         self.prior_spread = prior_spread
         self.xtx = np.zeros((num_buckets, f, f))
         self.xty = np.zeros((num_buckets, f))
@@ -235,7 +246,14 @@ class CostModel:
             "cost_changes": self.changes,
             "cost_outliers": self.outliers,
             "cost_off_steps": self.off_steps,
+            "cost_batch_wide": self.batch_wide,
         }
+
+    def unused_columns(self) -> np.ndarray:
+        """Feature columns no step fills: the batch-wide terms of the drafters that are
+        not run for the whole batch. A read."""
+        first = BASE_FEATURES + FEATURES_PER_DRAFTER * np.flatnonzero(~self.batch_wide)
+        return np.concatenate([first + 2, first + 3])
 
     def step_features(
         self,
@@ -249,7 +267,8 @@ class CostModel:
     ) -> np.ndarray:
         """(S, F) from per-step decode tokens verified, prefill tokens and batch size, and
         per (step, drafter slot) columns: requests drafting, draft tokens asked, the step's
-        K, requests verifying two drafts or more."""
+        K, requests verifying two drafts or more. The step's K enters only for the
+        drafters in :attr:`batch_wide`."""
         x = np.empty((decode_tokens.shape[0], self.num_features))
         x[:, 0] = 1.0
         x[:, 1] = decode_tokens
@@ -260,6 +279,7 @@ class CostModel:
         x[:, f + 2 :: n] = step_k * batch_size[:, None]
         x[:, f + 3 :: n] = (step_k >= 2) * batch_size[:, None]
         x[:, f + 4 :: n] = second_verified
+        x[:, self.unused_columns()] = 0.0
         return x
 
     def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:

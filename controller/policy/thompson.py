@@ -132,7 +132,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     # 3: each bucket's committed tokens per class and its steps without speculation, and
     # each switched-off context's steps off
     # 4: the cost model's decode and prefill tokens as two features
-    state_version = 4
+    state_version = 5
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()
@@ -233,7 +233,11 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         tick = self._next_tick()
         acceptance_changes = self.learned.acceptance.changes.copy()
         cost_changes = self.learned.cost.changes.copy()
+        batch_wide = self.learned.cost.batch_wide.copy()
         update = self.learned.update(batch)
+        if (self.learned.cost.batch_wide != batch_wide).any():
+            # a drafter now has batch-wide cost terms: every bucket's draws change
+            self._bucket_version[:] = tick
         for name, slot in update.evicted:
             self._forget_decisions(name, slot)
         self._class_version[update.class_slots] = tick
@@ -292,12 +296,15 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         """Decide from the fleet's evidence ``shared`` (the sum of the other replicas'
         contributions) as well as this replica's own, in place of what was merged
         before; None merges nothing. What the merge had to leave out."""
+        batch_wide = self.learned.cost.batch_wide.copy()
         update = self.learned.merge_shared(shared)
         for name, slot in update.forgotten:
             self._forget_decisions(name, slot)
         tick = self._next_tick()
         self._class_version[update.class_slots] = tick
         self._bucket_version[update.buckets] = tick
+        if (self.learned.cost.batch_wide != batch_wide).any():
+            self._bucket_version[:] = tick
         self._observe_switch_off()
         return update.left_out
 

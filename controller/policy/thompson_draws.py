@@ -179,6 +179,7 @@ class PosteriorDraws:
         # a step in which the whole batch ran each offered arm (see cost.arm_features)
         features = self._feature_one + batch_size * self._feature_batch
         features += extra * self._feature_extra
+        features[:, self.learned.cost.unused_columns()] = 0.0
         theta_mean, factor = self.learned.cost.posterior(
             bucket, self.learned.typical_features(bucket)
         )
@@ -209,10 +210,12 @@ class PosteriorDraws:
         for chain in self._k_chains:
             step_time[:, chain[1:]] = np.maximum.accumulate(step_time[:, chain], axis=1)[:, 1:]
         # the drafter's passes for the whole batch: batch size x K x its batch-wide cost
+        # (none for a drafter run per request)
         batch_wide = np.zeros_like(step_time)
         spec = self._arm_drafter_slot[1:]
-        slope = np.maximum(theta[:, drafter_feature(spec, 2)], 0.0)
-        second = np.maximum(theta[:, drafter_feature(spec, 3)], 0.0)
+        runs_batch = self.learned.cost.batch_wide[spec]
+        slope = np.maximum(theta[:, drafter_feature(spec, 2)], 0.0) * runs_batch
+        second = np.maximum(theta[:, drafter_feature(spec, 3)], 0.0) * runs_batch
         k = self._arm_k[1:]
         batch_wide[:, 1:] = slope * (batch_size * k).astype(np.float32)
         batch_wide[:, 1:] += second * (batch_size * (k >= 2)).astype(np.float32)

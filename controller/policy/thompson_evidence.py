@@ -168,6 +168,7 @@ class ThompsonEvidence:
         class_slots = np.zeros(0, dtype=np.int64)
         evicted: list[tuple[str, int]] = []
         stamp = self._next_stamp()
+        self._mark_batch_drafter(batch)
         if batch.num_rows:
             slots = []
             for c in batch.classes:
@@ -237,6 +238,22 @@ class ThompsonEvidence:
                 self._weigh_shared_cost(b)
             self.cost.refresh(b, self.typical_features(b))
         return EvidenceUpdate(class_slots, bucket, tuple(evicted))
+
+    def _mark_batch_drafter(self, batch: StepBatch) -> None:
+        """The drafter the engine runs for the whole batch has batch-wide cost terms from
+        its first report on (see :mod:`specctl.policy.cost`)."""
+        if batch.batch_drafter:
+            slot = self.slot_of_drafter(batch.batch_drafter)
+            if slot >= 0:
+                self.cost.batch_wide[slot] = True
+
+    def _mark_shared_batch_drafters(self, xtx: np.ndarray) -> None:
+        """A drafter the fleet's steps give batch-wide terms runs for the whole batch on
+        this pool's engines too (its engines are identical): a replica that has not
+        reported yet fits the fleet's cost in the fleet's terms."""
+        first = BASE_FEATURES + FEATURES_PER_DRAFTER * np.arange(self.max_drafters)
+        filled = xtx[:, first + 2, first + 2].any(axis=0) | xtx[:, first + 3, first + 3].any(axis=0)
+        self.cost.batch_wide |= filled
 
     def _use_reported_draft_k(self, step_k: np.ndarray, batch: StepBatch) -> None:
         """The batch drafter's passes: the K it proposed in the step, where the engine says.
@@ -402,6 +419,7 @@ class ThompsonEvidence:
                 idx = feature_index(part.drafters, names)
                 xtx[:, idx[:, None], idx[None, :]] = part.xtx
                 xty[:, idx] = part.xty
+                self._mark_shared_batch_drafters(xtx)
                 vectors = (
                     part.yy,
                     part.steps,

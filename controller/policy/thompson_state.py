@@ -171,6 +171,7 @@ def read_state(
             *("cost_fit_factor", "cost_fitted", "cost_cusum", "cost_changes"),
             "cost_outliers",
             "cost_off_steps",
+            "cost_batch_wide",
         )
     }
     prior["cost_fit"] = np.broadcast_to(evidence.cost.prior_mean, evidence.cost.fit.shape)

@@ -43,7 +43,8 @@ FORMAT = "specctl-fleet-evidence"
 # 2: five cost features per drafter (requests verifying a second draft)
 # 3: the body's resets
 # 4: the cost model's decode and prefill tokens as two features
-SCHEMA_VERSION = 4
+# 5: batch-wide cost features filled for the engine's batch drafter only
+SCHEMA_VERSION = 5
 MAX_HEADER_BYTES = 4096
 # class resets an entry carries at most (the most recent, see PolicyBook.fleet_resets)
 MAX_RESETS = 256

@@ -93,7 +93,7 @@ def test_the_format_is_json_and_base64_float64() -> None:
     line, _, body = entry().partition(b"\n")
     header = json.loads(line)
     assert header["format"] == "specctl-fleet-evidence"
-    assert header["schema_version"] == SCHEMA_VERSION == 4
+    assert header["schema_version"] == SCHEMA_VERSION == 5
     assert header["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert json.loads(body)["resets"] == {"chat": 1.7e9 - 60.0}
     rounds = json.loads(body)["acceptance"]["rounds"]
@@ -118,10 +118,10 @@ def test_the_format_is_json_and_base64_float64() -> None:
             f"schema_version={SCHEMA_VERSION + 1}",
         ),
         (
-            # a sidecar of schema 3, before the cost model had prefill tokens apart
-            entry().replace(b'"schema_version":4', b'"schema_version":3', 1),
+            # a sidecar of schema 4, whose n-gram drafter had batch-wide cost features
+            entry().replace(b'"schema_version":5', b'"schema_version":4', 1),
             "foreign",
-            "schema_version=3",
+            "schema_version=4",
         ),
         (entry()[:-20], "corrupt", "body is"),
         (entry()[:-5] + b"AAAAA", "corrupt", "checksum"),

@@ -16,6 +16,7 @@ from specctl.api import pb
 from specctl.arms import OFF, Arm, arms_for, parse_arm
 from specctl.engine.policy_view import compile_policy
 from specctl.policy.acceptance import AcceptanceModel, expected_tokens
+from specctl.policy.cost import drafter_feature
 from specctl.policy.joint import JointChoice
 from specctl.policy.registry import make_policy
 from specctl.policy.thompson import SpecctlPolicy, tracking_bound_steps
@@ -833,3 +834,28 @@ def test_an_ngram_arm_is_charged_for_the_drafts_it_proposes(seed: int) -> None:
         env.run_step(policy, "copy", 0, 8)
     decision = policy.select_action("copy", 0)
     assert decision.probability_of(OFF) < 0.1, decision.explanation
+
+
+def test_only_the_engines_batch_drafter_has_batch_wide_cost() -> None:
+    """A model drafter the engine runs for the whole batch, and n-gram lookups the
+    scheduler runs per request beside it. The n-gram drafter's batch-wide features stay
+    empty, its draws carry no batch-wide cost, and a class whose n-gram drafts pay at a
+    batch of 32 runs them: off on few of its rounds."""
+    policy = specctl(prior_arm="draft_model/k=2")
+    offered = {"draft_model": 4, "ngram": 4}
+    policy.set_arms(arms_for(offered.items()))
+    env = SyntheticEnv(
+        drafters=offered, acceptance={}, batch_drafter="draft_model",
+        base_s=0.05, token_s=1e-3, pass_s=0.004, second_pass_s=0.01, noise_s=0.004, seed=2,
+    )  # fmt: skip
+    classes = {"chat": (16, 0.2), "copy": (16, 0.85)}
+    copy_arms = [env.run_mixed_step(policy, classes, 2)["copy"] for _ in range(500)]
+    cost = policy.learned.cost
+    model, ngram = (policy.learned.drafter_slot[d] for d in ("draft_model", "ngram"))
+    assert cost.batch_wide[model] and not cost.batch_wide[ngram]
+    for offset in (2, 3):
+        column = int(drafter_feature(ngram, offset))
+        assert not cost.xtx[:, column, :].any(), offset
+        assert cost.xtx[2, int(drafter_feature(model, offset)), 0] > 0.0
+    late = copy_arms[-200:]
+    assert sum(a.drafter == "ngram" for a in late) >= 0.9 * len(late), late
