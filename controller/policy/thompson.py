@@ -39,12 +39,11 @@ wide, and probability matching then moves mass between arms on noise.
 Acceptance evidence is not discounted by default (``discount`` 1 per step that
 carried the class) and is capped at ``max_rounds`` (50,000) rounds per (class,
 drafter) and per arm, scaled down as more arrive; step-time evidence is
-discounted by ``cost_discount`` (0.9999) per step in the bucket, a memory of
-about 10,000 steps. In a steady workload forgetting only keeps the posterior
-from narrowing: with 0.999 and 5,000 rounds, arms within 1-2% of each other
-kept sharing the distribution for as long as the workload lasted, and what
-drifts is caught by the change detection (a CUSUM on the step-time residuals
-scales the bucket's memory down to about 100 steps). Change is detected rather than waited out: acceptance keeps a
+discounted by ``cost_discount`` (0.999) per step in the bucket. In a steady
+workload forgetting only keeps the posterior from narrowing: with 0.999 and
+5,000 rounds, arms within 1-2% of each other kept sharing the distribution
+for as long as the workload lasted, and what drifts is caught by the change
+detection. Change is detected rather than waited out: acceptance keeps a
 recent window as well
 (``recent_discount``, 0.99) and a position whose recent rate has moved from
 the long one by ``change_min_shift`` and ``change_z`` standard errors replaces

@@ -26,7 +26,7 @@ class SpecctlConfig:
     recent_discount: float = 0.99
     change_z: float = 5.0
     change_min_shift: float = 0.1
-    cost_discount: float = 0.9999
+    cost_discount: float = 0.999
     probe_budget: float = 0.02
     probe_floor: float = 0.005
     probe_decay_steps: float = 500.0
