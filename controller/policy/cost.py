@@ -59,6 +59,20 @@ per-token costs times B dominate, long drafts cost more than they return,
 and the policy sees that from measured step times rather than from a
 hand-written table.
 
+Arms off the line. A step's cost is not a line in K on every engine:
+kernel tiles and captured graph sizes make steps (on the AMD study's sweep
+Qwen3.5-27B's MTP costs 0.2-0.35 plain decode steps more per K up to K=6 and
+0.5 from 6 to 7). With the line alone, the K next to such a step is priced
+wrong in every class that runs near it. So each drafter slot also has a
+column per K up to ``k_columns``, after the drafters' features: the
+requests of the step that ran that arm, a deviation from the line with prior
+mean 0 that the line's own terms leave to be the arm's. The deviations are
+taken at their posterior mean less ``_K_COLUMN_Z`` standard deviations (soft
+thresholding: zero while the evidence is weaker), never drawn, and the
+other coefficients are drawn conditioned on them, so the columns cost no
+exploration: an arm costs what the line says until its own steps show
+otherwise. The fleet shares the line's terms only.
+
 The prior is independent per coefficient: mean from configuration (0 for a
 drafter's per-request cost, ``prior_token_s`` per draft token), standard
 deviation such that the term could move a typical step of the bucket by
@@ -133,6 +147,8 @@ _MEASURED_SCALE_STEPS = 5.0
 _SHARED_AGREEMENT_SHARE = 0.1
 
 
+# an arm's own column counts only beyond this many posterior standard deviations
+_K_COLUMN_Z = 1.5
 # features before the drafters': 1, decode tokens verified, prefill tokens
 BASE_FEATURES = 3
 # features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
@@ -160,9 +176,13 @@ def arm_features(
     drafter_slot: np.ndarray,
     k: np.ndarray,
     num_drafters: int,
+    k_columns: int = 0,
 ) -> np.ndarray:
-    """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off)."""
-    x = np.zeros((k.shape[0], num_features(num_drafters)))
+    """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off),
+    with ``k_columns`` arm columns per drafter after the drafters' features (see
+    :class:`CostModel`)."""
+    start = num_features(num_drafters)
+    x = np.zeros((k.shape[0], start + k_columns * num_drafters))
     x[:, 0] = 1.0
     x[:, 1] = batch_size * (1.0 + k)
     x[:, 2] = extra_tokens
@@ -173,6 +193,8 @@ def arm_features(
     x[spec, base + 2] = batch_size * k[spec]
     x[spec, base + 3] = batch_size * (k[spec] >= 2)
     x[spec, base + 4] = batch_size * (k[spec] >= 2)
+    own = spec[k[spec] <= k_columns]
+    x[own, start + k_columns * drafter_slot[own] + k[own].astype(np.int64) - 1] = batch_size
     return x
 
 
@@ -188,15 +210,19 @@ class CostModel:
         prior_step_s: float,
         prior_token_s: float,
         prior_spread: float,
+        k_columns: int = 0,
     ) -> None:
         self.discount = discount
         self.num_drafters = num_drafters
-        self.num_features = f = num_features(num_drafters)
+        # the arms' own columns follow the drafters' features: K = 1..k_columns per slot
+        self.k_columns = k_columns
+        self.arm_start = num_features(num_drafters)
+        self.num_features = f = self.arm_start + k_columns * num_drafters
         self.prior_mean = np.zeros(f)
         self.prior_mean[0] = prior_step_s
         self.prior_mean[1] = prior_token_s
         self.prior_mean[2] = prior_token_s
-        self.prior_mean[BASE_FEATURES + 1 :: FEATURES_PER_DRAFTER] = prior_token_s
+        self.prior_mean[BASE_FEATURES + 1 : self.arm_start : FEATURES_PER_DRAFTER] = prior_token_s
         self.prior_step_s = prior_step_s
         # per drafter slot: the engine runs it for the whole batch, so its steps have the
         # batch-wide terms (see the module's docstring); other drafters' columns stay 0
@@ -264,21 +290,24 @@ class CostModel:
         step_k: np.ndarray,
         batch_size: np.ndarray,
         second_verified: np.ndarray,
+        arm_requests: np.ndarray | None = None,
     ) -> np.ndarray:
         """(S, F) from per-step decode tokens verified, prefill tokens and batch size, and
         per (step, drafter slot) columns: requests drafting, draft tokens asked, the step's
-        K, requests verifying two drafts or more. The step's K enters only for the
-        drafters in :attr:`batch_wide`."""
+        K, requests verifying two drafts or more; then per (step, drafter slot x K) the
+        requests that ran the arm (``arm_requests``, slot-major, K = 1..k_columns). The
+        step's K enters only for the drafters in :attr:`batch_wide`."""
         x = np.empty((decode_tokens.shape[0], self.num_features))
+        x[:, self.arm_start :] = 0.0 if arm_requests is None else arm_requests
         x[:, 0] = 1.0
         x[:, 1] = decode_tokens
         x[:, 2] = prefill_tokens
-        f, n = BASE_FEATURES, FEATURES_PER_DRAFTER
-        x[:, f::n] = requests
-        x[:, f + 1 :: n] = draft_tokens
-        x[:, f + 2 :: n] = step_k * batch_size[:, None]
-        x[:, f + 3 :: n] = (step_k >= 2) * batch_size[:, None]
-        x[:, f + 4 :: n] = second_verified
+        f, n, end = BASE_FEATURES, FEATURES_PER_DRAFTER, self.arm_start
+        x[:, f:end:n] = requests
+        x[:, f + 1 : end : n] = draft_tokens
+        x[:, f + 2 : end : n] = step_k * batch_size[:, None]
+        x[:, f + 3 : end : n] = (step_k >= 2) * batch_size[:, None]
+        x[:, f + 4 : end : n] = second_verified
         x[:, self.unused_columns()] = 0.0
         return x
 
@@ -383,9 +412,24 @@ class CostModel:
         precision[np.diag_indices_from(precision)] += prior_precision
         # precision = L L^T: the covariance is L^-T L^-1, and a draw mean + L^-T z
         l_inv = np.linalg.inv(np.linalg.cholesky(precision))
-        mean = l_inv.T @ (l_inv @ (prior_precision * self.prior_mean + xty / sigma2))
+        rhs = prior_precision * self.prior_mean + xty / sigma2
+        mean = l_inv.T @ (l_inv @ rhs)
+        cs = self.arm_start
+        if cs == self.num_features:
+            rss = max(float(yy - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
+            return mean, l_inv.T, rss
+        # an arm's own column counts only beyond _K_COLUMN_Z posterior standard deviations
+        # (soft thresholding): an arm costs what the line through K says until its steps
+        # show otherwise. The other coefficients are taken, and drawn, conditioned on it.
+        sd = np.sqrt((l_inv[:, cs:] ** 2).sum(axis=0))
+        dev = mean[cs:]
+        dev = np.sign(dev) * np.maximum(np.abs(dev) - _K_COLUMN_Z * sd, 0.0)
+        l_oo = np.linalg.inv(np.linalg.cholesky(precision[:cs, :cs]))
+        mean = np.concatenate([l_oo.T @ (l_oo @ (rhs[:cs] - precision[:cs, cs:] @ dev)), dev])
         rss = max(float(yy - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
-        return mean, l_inv.T, rss
+        factor = np.zeros_like(l_inv)
+        factor[:cs, :cs] = l_oo.T
+        return mean, factor, rss
 
     # -- the fleet's evidence -------------------------------------------------
 

@@ -132,7 +132,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     # 3: each bucket's committed tokens per class and its steps without speculation, and
     # each switched-off context's steps off
     # 4: the cost model's decode and prefill tokens as two features
-    state_version = 5
+    # 6: a step-cost column per drafter and K (cost_k_columns)
+    state_version = 6
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()
@@ -157,6 +158,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             prior_step_s=cfg.prior_step_s,
             prior_token_s=cfg.prior_token_s,
             prior_spread=cfg.prior_cost_spread,
+            k_columns=cfg.cost_k_columns,
         )
         # the bucket's typical batch size is kept as long as its step cost
         load = BucketLoad(self.load_bucket_bounds, cfg.cost_discount)

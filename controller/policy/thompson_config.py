@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl.arms import ArmError, parse_arm
+from specctl.arms import MAX_K, ArmError, parse_arm
 from specctl.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, integer, real
 
 
@@ -49,6 +49,7 @@ class SpecctlConfig:
     load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
     max_classes: int = 256
     max_drafters: int = 4
+    cost_k_columns: int = 16
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -90,6 +91,7 @@ class SpecctlConfig:
             "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
             "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
             "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
+            "cost_k_columns": integer("cost_k_columns", self.cost_k_columns, 0, MAX_K),
         }
         if checked["recent_discount"] > checked["discount"]:
             raise ValueError(

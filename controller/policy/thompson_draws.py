@@ -143,10 +143,11 @@ class PosteriorDraws:
         # one + B * batch + e * extra (see cost.arm_features)
         nd = self.config.max_drafters
         k = self._arm_k.astype(np.float64)
-        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd)
-        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd)
+        kc = self.learned.cost.k_columns
+        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd, kc)
+        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd, kc)
         self._feature_batch -= self._feature_one
-        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd)
+        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd, kc)
         self._feature_extra -= self._feature_one
         self._arm_names = tuple(a.name for a in offered)
         self._arm_chain = np.full(len(offered), -1, dtype=np.int64)

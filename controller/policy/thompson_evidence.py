@@ -40,6 +40,9 @@ from specctl.steps import StepBatch
 
 # memory of a load bucket's class mix, per step in the bucket (about 100 steps)
 _MIX_DISCOUNT = 0.99
+# an arm's own step-cost column: its prior lets a batch that runs the arm move a step by a
+# quarter of what the other terms' priors let them (see cost)
+_K_COLUMN_TYPICAL = 4.0
 # classes with at least this share of a bucket's requests are decided together
 _MIN_MIX_SHARE = 0.02
 # ... if they share batches: other classes hold at least this share of the requests in the
@@ -165,6 +168,7 @@ class ThompsonEvidence:
         step_k: np.ndarray = np.zeros((s, nd))
         second_verified: np.ndarray = np.zeros((s, nd))
         decode_tokens: np.ndarray = np.zeros(s)
+        arm_requests: np.ndarray = np.zeros((s, self.cost.num_features - self.cost.arm_start))
         class_slots = np.zeros(0, dtype=np.int64)
         evicted: list[tuple[str, int]] = []
         stamp = self._next_stamp()
@@ -218,6 +222,16 @@ class ThompsonEvidence:
             np.maximum.at(flat_k, key, batch.arm_k[spec].astype(np.float64))
             step_k = flat_k.reshape(s, nd)
             self._use_reported_draft_k(step_k, batch)
+            # per (step, drafter slot x K): the requests that ran the arm
+            kc = self.cost.k_columns
+            own = spec & (batch.arm_k <= kc)
+            if own.any():
+                col = row_slot[own] * kc + batch.arm_k[own].astype(np.int64) - 1
+                arm_requests = (
+                    np.bincount(batch.request_step[own] * (nd * kc) + col, minlength=s * nd * kc)
+                    .reshape(s, nd * kc)
+                    .astype(np.float64)
+                )
             self._update_mix(class_slots[batch.class_index], batch)
             untracked = (row_slot < 0) & (batch.arm_k > 0)
             if untracked.any():
@@ -231,6 +245,7 @@ class ThompsonEvidence:
             step_k,
             batch.batch_size.astype(np.float64),
             second_verified,
+            arm_requests,
         )
         self.cost.update(bucket, features, batch.step_time_s)
         for b in np.unique(bucket).tolist():
@@ -563,9 +578,11 @@ class ThompsonEvidence:
         typical[1] = 3.0 * batch_size
         typical[2] = self.load.extra_tokens(bucket)
         f, n = BASE_FEATURES, FEATURES_PER_DRAFTER
-        typical[f::n] = batch_size
-        typical[f + 1 :: n] = 2.0 * batch_size
-        typical[f + 2 :: n] = 2.0 * batch_size
-        typical[f + 3 :: n] = batch_size
-        typical[f + 4 :: n] = batch_size
+        e = self.cost.arm_start
+        typical[f:e:n] = batch_size
+        typical[f + 1 : e : n] = 2.0 * batch_size
+        typical[f + 2 : e : n] = 2.0 * batch_size
+        typical[f + 3 : e : n] = batch_size
+        typical[f + 4 : e : n] = batch_size
+        typical[e:] = _K_COLUMN_TYPICAL * batch_size
         return typical

@@ -859,3 +859,55 @@ def test_only_the_engines_batch_drafter_has_batch_wide_cost() -> None:
         assert cost.xtx[2, int(drafter_feature(model, offset)), 0] > 0.0
     late = copy_arms[-200:]
     assert sum(a.drafter == "ngram" for a in late) >= 0.9 * len(late), late
+
+
+def _kinked_policy(k_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
+    """A drafter whose step cost is a line in K with a step up from K=4 on (3 ms a request
+    more, as a kernel tile or a captured graph size makes on a GPU). Each step runs one K
+    for its batch of 8, at random."""
+    policy = make_policy("specctl", {"cost_k_columns": k_columns, "seed": seed})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for(NGRAM.items()))
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        k = int(rng.integers(1, 7))
+        drafted = [k] * 8
+        accepted = [int(min(rng.geometric(0.4) - 1, k)) for _ in drafted]
+        time_s = 0.02 + 0.001 * 8 * k + 0.003 * 8 * (k >= 4)
+        record = StepRecord(
+            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
+            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
+            load_bucket=0, step_end_unix_s=1e9 + step, classes=["chat"] * 8,
+            arms=[f"ngram/k={k}"] * 8, propensity=[0.2] * 8, drafted=drafted, accepted=accepted,
+        )  # fmt: skip
+        batch = decode_step_report(
+            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
+            num_load_buckets=4,
+        )  # fmt: skip
+        policy.update_params(batch)
+    return policy
+
+
+def _step_times(policy: SpecctlPolicy) -> dict[int, float]:
+    return {a.arm.k: a.expected_step_time_s for a in policy.evidence("chat", 0).arms}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_step_in_cost_between_two_k_is_learned_by_the_arms_own_columns(seed: int) -> None:
+    """K=3 to 4 costs 8 + 24 = 32 ms, K=2 to 3 only 8. The line through K alone spreads
+    the step over every K; with a column per K the jump is where it is."""
+    times = _step_times(_kinked_policy(16, 600, seed))
+    assert times[4] - times[3] == pytest.approx(0.032, rel=0.25)
+    assert times[3] - times[2] == pytest.approx(0.008, abs=0.006)
+    line = _step_times(_kinked_policy(0, 600, seed))
+    assert line[4] - line[3] < 0.02
+
+
+def test_an_arms_own_column_counts_nothing_until_its_steps_show_it() -> None:
+    """Soft thresholding: with a handful of steps the columns are exactly 0, the line's
+    price; the arms' columns never add to what is explored."""
+    policy = _kinked_policy(16, 6)
+    cost = policy.learned.cost
+    mean, factor = cost.posterior(0, policy.learned.typical_features(0))
+    assert not mean[cost.arm_start :].any()
+    assert not factor[cost.arm_start :].any() and not factor[:, cost.arm_start :].any()
