@@ -8,6 +8,7 @@ whatever else the machine runs (preemption shows up in p99); thread CPU time
 is the policy's own cost.
 
     .venv/bin/python benchmarks/policy_cost.py [--policy specctl] [--iterations 5000]
+        [--params '{"cost_k_columns": 0}']
 
 Goal: p99 under 200 microseconds, so one sidecar keeps up with dozens of
 engines.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import time
 
@@ -78,12 +80,15 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=5000)
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument(
+        "--params", type=json.loads, default={}, help="the policy's parameters, a JSON object"
+    )
     args = parser.parse_args()
 
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     reports = make_reports(args.warmup + args.iterations, args.rows, seed=0)
-    policy = make_policy(args.policy, {"load_bucket_bounds": list(BOUNDS)})
+    policy = make_policy(args.policy, {**args.params, "load_bucket_bounds": list(BOUNDS)})
     policy.set_arms(arms_for(DRAFTERS.items()))
     bucket = len(BOUNDS)
     for batch in reports[: args.warmup]:
@@ -113,6 +118,7 @@ def main() -> int:
     print(
         f"policy {args.policy}: {args.iterations} reports of {args.rows} requests, "
         f"{len(CLASSES)} classes, {len(arms_for(DRAFTERS.items()))} arms, one core"
+        + (f", {json.dumps(args.params)}" if args.params else "")
     )
     print(f"  update + decision  {percentiles(total)}   (wall)")
     print(f"  update + decision  {percentiles(cpu)}   (thread CPU time)")

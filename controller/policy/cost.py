@@ -408,27 +408,34 @@ class CostModel:
         step_s = _mean_step_s(xty, steps, self.prior_step_s)
         scale = self.prior_spread * step_s / np.maximum(np.abs(typical_x), 1.0)
         prior_precision = 1.0 / (scale * scale)
-        precision = xtx / sigma2
-        precision[np.diag_indices_from(precision)] += prior_precision
+        rhs = prior_precision * self.prior_mean + xty / sigma2
+        cs = self.arm_start
+        # an arm's column that no step has filled holds its prior alone (mean 0,
+        # independent of the rest): leaving it out of the solve changes nothing
+        cols = np.concatenate([np.arange(cs), cs + np.flatnonzero(np.diagonal(xtx)[cs:] > 0.0)])
+        precision = xtx[np.ix_(cols, cols)] / sigma2
+        precision[np.diag_indices_from(precision)] += prior_precision[cols]
         # precision = L L^T: the covariance is L^-T L^-1, and a draw mean + L^-T z
         l_inv = np.linalg.inv(np.linalg.cholesky(precision))
-        rhs = prior_precision * self.prior_mean + xty / sigma2
-        mean = l_inv.T @ (l_inv @ rhs)
-        cs = self.arm_start
-        if cs == self.num_features:
-            rss = max(float(yy - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
-            return mean, l_inv.T, rss
-        # an arm's own column counts only beyond _K_COLUMN_Z posterior standard deviations
-        # (soft thresholding): an arm costs what the line through K says until its steps
-        # show otherwise. The other coefficients are taken, and drawn, conditioned on it.
-        sd = np.sqrt((l_inv[:, cs:] ** 2).sum(axis=0))
-        dev = mean[cs:]
-        dev = np.sign(dev) * np.maximum(np.abs(dev) - _K_COLUMN_Z * sd, 0.0)
-        l_oo = np.linalg.inv(np.linalg.cholesky(precision[:cs, :cs]))
-        mean = np.concatenate([l_oo.T @ (l_oo @ (rhs[:cs] - precision[:cs, cs:] @ dev)), dev])
+        solved = l_inv.T @ (l_inv @ rhs[cols])
+        mean = np.zeros(self.num_features)
+        factor = np.zeros((self.num_features, self.num_features))
+        if cols.size == cs:
+            mean[:cs] = solved
+            factor[:cs, :cs] = l_inv.T
+        else:
+            # an arm's own column counts only beyond _K_COLUMN_Z posterior standard
+            # deviations (soft thresholding): an arm costs what the line through K says
+            # until its steps show otherwise. The other coefficients are taken, and drawn,
+            # conditioned on it.
+            sd = np.sqrt((l_inv[:, cs:] ** 2).sum(axis=0))
+            dev = solved[cs:]
+            dev = np.sign(dev) * np.maximum(np.abs(dev) - _K_COLUMN_Z * sd, 0.0)
+            l_oo = np.linalg.inv(np.linalg.cholesky(precision[:cs, :cs]))
+            mean[:cs] = l_oo.T @ (l_oo @ (rhs[:cs] - precision[:cs, cs:] @ dev))
+            mean[cols[cs:]] = dev
+            factor[:cs, :cs] = l_oo.T
         rss = max(float(yy - 2.0 * mean @ xty + mean @ xtx @ mean), 0.0)
-        factor = np.zeros_like(l_inv)
-        factor[:cs, :cs] = l_oo.T
         return mean, factor, rss
 
     # -- the fleet's evidence -------------------------------------------------

@@ -98,7 +98,8 @@ class PosteriorDraws:
         self._z_acceptance = rng.standard_normal(
             (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
         )
-        self._z_cost = rng.standard_normal((cfg.num_samples, cost.num_features), dtype=np.float32)
+        # the arms' own cost columns are never drawn (see cost): no z of their own
+        self._z_cost = rng.standard_normal((cfg.num_samples, cost.arm_start), dtype=np.float32)
         self._z_arm_tokens = rng.standard_normal(
             (cfg.num_samples, cfg.max_drafters, MAX_K), dtype=np.float32
         )
@@ -184,9 +185,14 @@ class PosteriorDraws:
         theta_mean, factor = self.learned.cost.posterior(
             bucket, self.learned.typical_features(bucket)
         )
+        # the line's coefficients are drawn; the arms' own columns, taken at their mean
+        # (see cost), add a constant per arm
+        cs = self.learned.cost.arm_start
+        factor = factor[:cs, :cs]
         theta = self._z_cost @ factor.T.astype(np.float32)
-        theta += theta_mean.astype(np.float32)
-        step_time = theta @ features.T.astype(np.float32)
+        theta += theta_mean[:cs].astype(np.float32)
+        step_time = theta @ features[:, :cs].T.astype(np.float32)
+        step_time += (features[:, cs:] @ theta_mean[cs:]).astype(np.float32)
         token_s = np.maximum(theta[:, 1], 0.0)
         # each speculative arm's extra step time over off is drawn from its Gaussian
         # posterior conditioned on being >= 0 (see truncated): speculation never makes a
@@ -196,7 +202,7 @@ class PosteriorDraws:
         for chain in self._k_chains:
             spec = chain[1:]
             extra = features[spec] - features[0]
-            scale = extra @ factor
+            scale = extra[:, :cs] @ factor
             sd = np.maximum(np.sqrt((scale * scale).sum(axis=1)), 1e-12)
             contrast_sd[spec] = sd
             z = self._z_cost.astype(np.float64) @ (scale / sd[:, None]).T
