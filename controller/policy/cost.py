@@ -73,6 +73,22 @@ other coefficients are drawn conditioned on them, so the columns cost no
 exploration: an arm costs what the line says until its own steps show
 otherwise. The fleet shares the line's terms only.
 
+Classes off the mix. Requests of different classes do not cost the same at
+one arm: verification attends over the request's context, and a drafter's
+own pass grows with it, so a class of long prompts or outputs pays more per
+round than a class of short ones (on the AMD study's sweep a round of
+Qwen3-8B's DSpark at K=7 costs 3.7 plain decode steps on GSM8K and 5.6 on
+MATH500). The line and the arms' columns price the bucket's mix of classes,
+and that average biases each class's K: a class whose rounds cost less than
+the mix's sees each extra draft as a smaller share of its round than it is,
+and drafts too long. So the first ``class_columns`` class slots get a column
+per drafter after the arms': the class's requests drafting with it, a
+deviation from the mix's price. They are read as the arms' columns are, but
+counted only beyond ``_CLASS_COLUMN_Z`` standard deviations: a class's price
+moves every arm of the class at once, and what tells it apart is how the
+batch's mix of classes varies from step to step, which is slow. A class
+slot that goes to another class drops its columns (:meth:`forget_class`).
+
 The prior is independent per coefficient: mean from configuration (0 for a
 drafter's per-request cost, ``prior_token_s`` per draft token), standard
 deviation such that the term could move a typical step of the bucket by
@@ -149,6 +165,9 @@ _SHARED_AGREEMENT_SHARE = 0.1
 
 # an arm's own column counts only beyond this many posterior standard deviations
 _K_COLUMN_Z = 1.5
+# a class's own price counts only beyond this many: it moves every arm of the class at
+# once, so a noisy one costs more than a noisy arm's column
+_CLASS_COLUMN_Z = 3.5
 # features before the drafters': 1, decode tokens verified, prefill tokens
 BASE_FEATURES = 3
 # features per drafter: requests drafting, draft tokens asked, batch-wide draft tokens,
@@ -177,12 +196,13 @@ def arm_features(
     k: np.ndarray,
     num_drafters: int,
     k_columns: int = 0,
+    class_columns: int = 0,
 ) -> np.ndarray:
     """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off),
     with ``k_columns`` arm columns per drafter after the drafters' features (see
     :class:`CostModel`)."""
     start = num_features(num_drafters)
-    x = np.zeros((k.shape[0], start + k_columns * num_drafters))
+    x = np.zeros((k.shape[0], start + (k_columns + class_columns) * num_drafters))
     x[:, 0] = 1.0
     x[:, 1] = batch_size * (1.0 + k)
     x[:, 2] = extra_tokens
@@ -211,13 +231,17 @@ class CostModel:
         prior_token_s: float,
         prior_spread: float,
         k_columns: int = 0,
+        class_columns: int = 0,
     ) -> None:
         self.discount = discount
         self.num_drafters = num_drafters
         # the arms' own columns follow the drafters' features: K = 1..k_columns per slot
         self.k_columns = k_columns
         self.arm_start = num_features(num_drafters)
-        self.num_features = f = self.arm_start + k_columns * num_drafters
+        # then a column per (class slot, drafter slot) for the first class_columns classes
+        self.class_columns = class_columns
+        self.class_start = self.arm_start + k_columns * num_drafters
+        self.num_features = f = self.class_start + class_columns * num_drafters
         self.prior_mean = np.zeros(f)
         self.prior_mean[0] = prior_step_s
         self.prior_mean[1] = prior_token_s
@@ -335,6 +359,30 @@ class CostModel:
             self.steps[b] = self.steps[b] * d + weight
             self.off_steps[b] = self.off_steps[b] * d + float(not x1[BASE_FEATURES:].any())
 
+    def forget_class(self, slot: int) -> None:
+        """Drop a class's own price in every bucket: its slot may go to another class.
+        What its steps told the line through K stays."""
+        if slot >= self.class_columns:
+            return
+        nd = self.num_drafters
+        cols = slice(self.class_start + slot * nd, self.class_start + (slot + 1) * nd)
+        self.xtx[:, cols, :] = 0.0
+        self.xtx[:, :, cols] = 0.0
+        self.xty[:, cols] = 0.0
+        self.fit[:, cols] = 0.0
+        self.fit_factor[:, cols, :] = 0.0
+        self.fit_factor[:, :, cols] = 0.0
+
+    def class_price(self, bucket: int, slot: int) -> np.ndarray | None:
+        """Per drafter slot, what a request of the class in ``slot`` costs beyond the
+        line and the arm's column (seconds), as the bucket's fit has it; None where the
+        class has no column or its price is 0 throughout. A read."""
+        if slot >= self.class_columns:
+            return None
+        nd = self.num_drafters
+        price = self.fit[bucket, self.class_start + slot * nd : self.class_start + (slot + 1) * nd]
+        return price if price.any() else None
+
     def _detect_change(self, b: int, z: float) -> None:
         z = min(max(z, -_CUSUM_CLIP), _CUSUM_CLIP)
         up = max(0.0, self.cusum[b, 0] + z - _CUSUM_DRIFT)
@@ -430,7 +478,8 @@ class CostModel:
             # conditioned on it.
             sd = np.sqrt((l_inv[:, cs:] ** 2).sum(axis=0))
             dev = solved[cs:]
-            dev = np.sign(dev) * np.maximum(np.abs(dev) - _K_COLUMN_Z * sd, 0.0)
+            zs = np.where(cols[cs:] >= self.class_start, _CLASS_COLUMN_Z, _K_COLUMN_Z)
+            dev = np.sign(dev) * np.maximum(np.abs(dev) - zs * sd, 0.0)
             l_oo = np.linalg.inv(np.linalg.cholesky(precision[:cs, :cs]))
             mean[:cs] = l_oo.T @ (l_oo @ (rhs[:cs] - precision[:cs, cs:] @ dev))
             mean[cols[cs:]] = dev

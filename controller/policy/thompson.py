@@ -133,7 +133,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     # each switched-off context's steps off
     # 4: the cost model's decode and prefill tokens as two features
     # 6: a step-cost column per drafter and K (cost_k_columns)
-    state_version = 6
+    # 7: a step-cost column per class and drafter (cost_class_columns)
+    state_version = 7
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()
@@ -159,6 +160,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             prior_token_s=cfg.prior_token_s,
             prior_spread=cfg.prior_cost_spread,
             k_columns=cfg.cost_k_columns,
+            class_columns=min(cfg.cost_class_columns, cfg.max_classes),
         )
         # the bucket's typical batch size is kept as long as its step cost
         load = BucketLoad(self.load_bucket_bounds, cfg.cost_discount)

@@ -145,10 +145,11 @@ class PosteriorDraws:
         nd = self.config.max_drafters
         k = self._arm_k.astype(np.float64)
         kc = self.learned.cost.k_columns
-        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd, kc)
-        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd, kc)
+        ncc = self.learned.cost.class_columns
+        self._feature_one = arm_features(0.0, 0.0, self._arm_drafter_slot, k, nd, kc, ncc)
+        self._feature_batch = arm_features(1.0, 0.0, self._arm_drafter_slot, k, nd, kc, ncc)
         self._feature_batch -= self._feature_one
-        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd, kc)
+        self._feature_extra = arm_features(0.0, 1.0, self._arm_drafter_slot, k, nd, kc, ncc)
         self._feature_extra -= self._feature_one
         self._arm_names = tuple(a.name for a in offered)
         self._arm_chain = np.full(len(offered), -1, dtype=np.int64)
@@ -162,6 +163,12 @@ class PosteriorDraws:
                 return joint[slot]
         tokens = self._token_samples(slot)
         batch_size, step_time, _ = self._step_time_samples(bucket)
+        price = self._class_price(slot, bucket)
+        if price is not None:
+            # the class's own price, per request: never below off's step
+            step_time = np.maximum(
+                step_time + (batch_size * price).astype(np.float32), step_time[:, :1]
+            )
         unproposed = self._unproposed_time(slot, bucket)
         if unproposed is not None:
             step_time = np.maximum(step_time - batch_size * unproposed, step_time[:, :1])
@@ -231,6 +238,18 @@ class PosteriorDraws:
         self._token_times[bucket] = token_s
         self._off_contrast[bucket] = (features @ theta_mean, contrast_sd)
         return batch_size, step_time, batch_wide
+
+    def _class_price(self, slot: int | None, bucket: int) -> np.ndarray | None:
+        """Per offered arm, what a request of the class costs beyond the arm's price for
+        the bucket's mix of classes (0 for ``off``); None where it costs the mix's."""
+        if slot is None or len(self._arms) < 2:
+            return None
+        price = self.learned.cost.class_price(bucket, slot)
+        if price is None:
+            return None
+        out = np.zeros(len(self._arms))
+        out[1:] = price[self._arm_drafter_slot[1:]]
+        return out
 
     def _off_contrast_sd(self, bucket: int) -> np.ndarray:
         """Per arm, the posterior standard deviation of its extra step time over ``off``
@@ -336,9 +355,11 @@ class PosteriorDraws:
         per_class = []
         for m in members:
             unproposed = self._unproposed_time(int(m), bucket)
-            per_class.append(
-                per_request if unproposed is None else np.maximum(per_request - unproposed, 0.0)
-            )
+            mine = per_request
+            price = self._class_price(int(m), bucket)
+            if price is not None:
+                mine = np.maximum(mine + price, 0.0)
+            per_class.append(mine if unproposed is None else np.maximum(mine - unproposed, 0.0))
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
         game = JointChoice(
             off,

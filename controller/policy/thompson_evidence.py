@@ -147,6 +147,7 @@ class ThompsonEvidence:
         slot = self.class_slot.pop(name)
         self.slot_class[slot] = None
         self.acceptance.reset(slot)
+        self.cost.forget_class(slot)
         self.mix[:, slot] = 0.0
         self.mix_tokens[:, slot] = 0.0
         self.mix_present[:, slot] = 0.0
@@ -227,11 +228,20 @@ class ThompsonEvidence:
             own = spec & (batch.arm_k <= kc)
             if own.any():
                 col = row_slot[own] * kc + batch.arm_k[own].astype(np.int64) - 1
-                arm_requests = (
+                arm_requests[:, : nd * kc] = (
                     np.bincount(batch.request_step[own] * (nd * kc) + col, minlength=s * nd * kc)
                     .reshape(s, nd * kc)
                     .astype(np.float64)
                 )
+            # per (step, class slot x drafter slot): the class's requests drafting with it
+            row_class = class_slots[batch.class_index]
+            mine = spec & (row_class < self.cost.class_columns)
+            if mine.any():
+                col = nd * kc + row_class[mine] * nd + row_slot[mine]
+                width = arm_requests.shape[1]
+                arm_requests += np.bincount(
+                    batch.request_step[mine] * width + col, minlength=s * width
+                ).reshape(s, width)
             self._update_mix(class_slots[batch.class_index], batch)
             untracked = (row_slot < 0) & (batch.arm_k > 0)
             if untracked.any():

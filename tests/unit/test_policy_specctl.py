@@ -911,3 +911,68 @@ def test_an_arms_own_column_counts_nothing_until_its_steps_show_it() -> None:
     mean, factor = cost.posterior(0, policy.learned.typical_features(0))
     assert not mean[cost.arm_start :].any()
     assert not factor[cost.arm_start :].any() and not factor[:, cost.arm_start :].any()
+
+
+def _two_class_policy(class_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
+    """Classes ``short`` and ``long`` that accept alike, where a speculating request of
+    ``long`` costs 4 ms more at every K (a longer context to verify against). Each step
+    runs one K for its batch of 8, whose mix of the two classes varies."""
+    policy = make_policy("specctl", {"cost_class_columns": class_columns, "seed": seed})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for(NGRAM.items()))
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        k = int(rng.integers(1, 7))
+        n_long = int(rng.binomial(8, 0.5))
+        classes = ["long"] * n_long + ["short"] * (8 - n_long)
+        drafted = [k] * 8
+        accepted = [int(min(rng.geometric(0.4) - 1, k)) for _ in drafted]
+        time_s = 0.02 + 0.001 * 8 * k + 0.004 * n_long
+        record = StepRecord(
+            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
+            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
+            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
+            arms=[f"ngram/k={k}"] * 8, propensity=[0.2] * 8, drafted=drafted, accepted=accepted,
+        )  # fmt: skip
+        batch = decode_step_report(
+            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
+            num_load_buckets=4,
+        )  # fmt: skip
+        policy.update_params(batch)
+    return policy
+
+
+def _class_prices(policy: SpecctlPolicy) -> dict[str, float]:
+    learned = policy.learned
+    slot = learned.drafter_slot["ngram"]
+    out = {}
+    for name in ("long", "short"):
+        price = learned.cost.class_price(0, learned.class_slot[name])
+        out[name] = 0.0 if price is None else float(price[slot])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_class_whose_rounds_cost_more_gets_its_own_price(seed: int) -> None:
+    """The line prices the mix's average request; the classes' own columns tell that a
+    request of ``long`` costs more than one of ``short`` at every K. The price is
+    soft-thresholded where the split between a class's column and the line is uncertain
+    too, so it moves toward the truth (4 ms) and never past it."""
+    prices = _class_prices(_two_class_policy(16, 1500, seed))
+    assert prices["long"] > 0.0 > prices["short"]
+    assert 0.0006 < prices["long"] - prices["short"] < 0.004
+    assert _class_prices(_two_class_policy(0, 200, seed)) == {"long": 0.0, "short": 0.0}
+
+
+def test_a_class_price_counts_nothing_until_the_steps_show_it_and_goes_with_its_slot() -> None:
+    """With a handful of steps a class costs the mix's price; a class slot handed to
+    another class drops the price the slot had learned."""
+    assert _class_prices(_two_class_policy(16, 8)) == {"long": 0.0, "short": 0.0}
+    policy = _two_class_policy(16, 1500)
+    learned = policy.learned
+    slot = learned.class_slot["long"]
+    assert learned.cost.class_price(0, slot) is not None
+    learned.forget("long")
+    assert learned.cost.class_price(0, slot) is None
+    cols = slice(learned.cost.class_start + slot * learned.cost.num_drafters, None)
+    assert not learned.cost.xtx[:, cols][:, : learned.cost.num_drafters].any()
