@@ -77,6 +77,14 @@ Redis round trip per round would add wall time to the benchmark and change
 nothing that is merged, so none is made. The goal: 16 sharing replicas pay no
 more than 2x the exploration regret of one replica (without sharing, up to 16x).
 
+A second measure takes one mark for every fleet: its regret started cold less one
+learned replica's regret on the same traffic (one replica started warm). It asks
+what a fleet pays above what a single sidecar that has learned would pay serving
+all of the traffic. A sharing fleet that ends better than one learned replica (its
+replicas pool more evidence than any one holds) has gained from learning, not paid,
+and this measure says so with a number below 0; the first measure counts that gain
+as learning still to do, against the fleet's own pooled steady state.
+
 The runs of all seeds are independent once each seed's warm state is learned;
 ``--jobs`` runs them in that many processes. Prints a table per seed and the
 ratios per seed with their median and pooled ratio, and writes
@@ -279,6 +287,15 @@ def paired(
     }
 
 
+def add_regret_over_one_learned(results: list[dict[str, Any]]) -> None:
+    """The second measure (module docstring), in place: each fleet's regret started cold
+    less one learned replica's on the same traffic (the first run: one replica)."""
+    one = results[0]
+    assert one["replicas"] == 1, "the first fleet of a seed is one replica"
+    for run in results:
+        run["regret_over_one_learned_tokens"] = run["regret_tokens"] - one["warm_regret_tokens"]
+
+
 def seed_table(results: list[dict[str, Any]], seed: int) -> list[str]:
     """One seed's fleets: exploration regret and total, each x one replica; the warm
     fleet's steady rate, the exploration regret's late rate, and what was paid before
@@ -287,15 +304,18 @@ def seed_table(results: list[dict[str, Any]], seed: int) -> list[str]:
     lines = [
         f"seed {seed}: tokens (x one replica); steady: the warm fleet's regret per step; "
         f"late: exploration regret per step over the last {LATE_SHARE:.0%} of the traffic",
-        f"{'replicas':>9} {'sharing':>8} {'exploration':>19} {'total (cold)':>18}"
-        f" {'total (warm)':>13} {'steady':>7} {'late':>6} {'before 1st merge':>17}",
+        f"{'replicas':>9} {'sharing':>8} {'exploration':>19} {'over one learned':>19}"
+        f" {'total (cold)':>18} {'total (warm)':>13} {'steady':>7} {'late':>6}"
+        f" {'before 1st merge':>17}",
     ]
     for run in results:
         e, t = run["exploration_regret_tokens"], run["regret_tokens"]
+        o = run["regret_over_one_learned_tokens"]
         first = run["exploration_before_first_merge_tokens"]
         lines.append(
             f"{run['replicas']:>9} {'yes' if run['sharing'] else 'no':>8} "
             f"{e:>9.0f} ({e / one['exploration_regret_tokens']:6.2f}x) "
+            f"{o:>9.0f} ({o / one['regret_over_one_learned_tokens']:6.2f}x) "
             f"{t:>9.0f} ({t / one['regret_tokens']:5.2f}x) "
             f"{run['warm_regret_tokens']:>13.0f} "
             f"{run['steady_regret_per_step']:>7.2f} "
@@ -330,6 +350,7 @@ def summary_table(by_seed: dict[int, list[dict[str, Any]]]) -> list[str]:
     ]
     for measure, label in (
         ("exploration_regret_tokens", "exploration regret"),
+        ("regret_over_one_learned_tokens", "regret over one learned replica's"),
         ("regret_tokens", "total regret, cold"),
     ):
         lines.append(f"  {label}:")
@@ -496,6 +517,7 @@ def main() -> int:
                 f"({cold['wall_s']} s, {warm['wall_s']} s)",
                 file=sys.stderr,
             )
+        add_regret_over_one_learned(results)
         by_seed[seed] = results
         print("\n".join(seed_table(results, seed)), flush=True)
     print(

@@ -97,3 +97,18 @@ def test_a_warm_sharing_fleet_restores_every_replica(fleet_regret: ModuleType) -
     run = fleet_regret.paired(cold, learned, 4, True, STEPS)
     assert run["exploration_before_first_merge_tokens"] > 0
     assert run["exploration_regret_tokens"] > 0
+
+
+def test_regret_over_one_learned_replica_takes_one_mark_for_every_fleet(
+    fleet_regret: ModuleType,
+) -> None:
+    """The second measure subtracts one learned replica's regret from every fleet's cold
+    regret, where the first subtracts each fleet's own warm run."""
+    runs = [
+        {"replicas": 1, "sharing": False, "regret_tokens": 110.0, "warm_regret_tokens": 100.0},
+        {"replicas": 16, "sharing": True, "regret_tokens": 95.0, "warm_regret_tokens": 80.0},
+    ]
+    fleet_regret.add_regret_over_one_learned(runs)
+    assert [r["regret_over_one_learned_tokens"] for r in runs] == [10.0, -5.0]
+    with pytest.raises(AssertionError):
+        fleet_regret.add_regret_over_one_learned(runs[1:])
