@@ -78,12 +78,14 @@ one arm: verification attends over the request's context, and a drafter's
 own pass grows with it, so a class of long prompts or outputs pays more per
 round than a class of short ones (on the AMD study's sweep a round of
 Qwen3-8B's DSpark at K=7 costs 3.7 plain decode steps on GSM8K and 5.6 on
-MATH500). The line and the arms' columns price the bucket's mix of classes,
-and that average biases each class's K: a class whose rounds cost less than
-the mix's sees each extra draft as a smaller share of its round than it is,
-and drafts too long. So the first ``class_columns`` class slots get a column
+MATH500). Without a price of their own, the line and the arms' columns price
+the bucket's mix of classes, and that average biases each class's K: a class
+whose rounds cost less than the mix's sees each extra draft as a smaller
+share of its round than it is, and drafts too long. So, where the policy's
+``cost_class_columns`` asks for it (0 by default: on the CPU testbed it has
+not paid yet), the first ``class_columns`` class slots get a column
 per drafter after the arms': the class's requests drafting with it, a
-deviation from the mix's price. They are read as the arms' columns are, but
+deviation from the line's price. They are read as the arms' columns are, but
 counted only beyond ``_CLASS_COLUMN_Z`` standard deviations: a class's price
 moves every arm of the class at once, and what tells it apart is how the
 batch's mix of classes varies from step to step, which is slow. A class
@@ -199,8 +201,9 @@ def arm_features(
     class_columns: int = 0,
 ) -> np.ndarray:
     """Features of a step in which a batch of ``batch_size`` ran each arm (slot -1: off),
-    with ``k_columns`` arm columns per drafter after the drafters' features (see
-    :class:`CostModel`)."""
+    with ``k_columns`` arm columns per drafter after the drafters' features, then
+    ``class_columns`` classes' columns per drafter, left 0: a class's own price is added
+    per class where the step is read (see :class:`CostModel`)."""
     start = num_features(num_drafters)
     x = np.zeros((k.shape[0], start + (k_columns + class_columns) * num_drafters))
     x[:, 0] = 1.0
@@ -318,9 +321,11 @@ class CostModel:
     ) -> np.ndarray:
         """(S, F) from per-step decode tokens verified, prefill tokens and batch size, and
         per (step, drafter slot) columns: requests drafting, draft tokens asked, the step's
-        K, requests verifying two drafts or more; then per (step, drafter slot x K) the
-        requests that ran the arm (``arm_requests``, slot-major, K = 1..k_columns). The
-        step's K enters only for the drafters in :attr:`batch_wide`."""
+        K, requests verifying two drafts or more; then the columns past the drafters'
+        (``arm_requests``): per (step, drafter slot x K) the requests that ran the arm
+        (slot-major, K = 1..k_columns), then per (step, class slot x drafter slot) the
+        class's requests drafting with it. The step's K enters only for the drafters in
+        :attr:`batch_wide`."""
         x = np.empty((decode_tokens.shape[0], self.num_features))
         x[:, self.arm_start :] = 0.0 if arm_requests is None else arm_requests
         x[:, 0] = 1.0
@@ -359,19 +364,22 @@ class CostModel:
             self.steps[b] = self.steps[b] * d + weight
             self.off_steps[b] = self.off_steps[b] * d + float(not x1[BASE_FEATURES:].any())
 
-    def forget_class(self, slot: int) -> None:
+    def forget_class(self, slot: int) -> np.ndarray:
         """Drop a class's own price in every bucket: its slot may go to another class.
-        What its steps told the line through K stays."""
+        What its steps told the line through K stays. Returns the buckets whose fit
+        changed (:meth:`refresh` them: the line takes the class's price as its own)."""
         if slot >= self.class_columns:
-            return
+            return np.zeros(0, dtype=np.int64)
         nd = self.num_drafters
         cols = slice(self.class_start + slot * nd, self.class_start + (slot + 1) * nd)
+        held = np.flatnonzero(np.diagonal(self.xtx[:, cols, cols], axis1=1, axis2=2).any(axis=1))
         self.xtx[:, cols, :] = 0.0
         self.xtx[:, :, cols] = 0.0
         self.xty[:, cols] = 0.0
         self.fit[:, cols] = 0.0
         self.fit_factor[:, cols, :] = 0.0
         self.fit_factor[:, :, cols] = 0.0
+        return held
 
     def class_price(self, bucket: int, slot: int) -> np.ndarray | None:
         """Per drafter slot, what a request of the class in ``slot`` costs beyond the

@@ -206,9 +206,10 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         return self._arms
 
     def _forget_decisions(self, name: str, slot: int) -> None:
-        """Drop what was worked out for a class the evidence has forgotten."""
+        """Drop what was worked out for a class the evidence has forgotten (its own price
+        in the step cost too, so every bucket's draws change)."""
         self._tokens.pop(slot, None)
-        self._class_version[slot] = self._next_tick()
+        self._class_version[slot] = self._bucket_version[:] = self._next_tick()
         for b in range(self.num_buckets):
             self._decisions.pop((name, b), None)
             self._observed.pop((name, b), None)

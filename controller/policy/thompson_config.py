@@ -50,7 +50,7 @@ class SpecctlConfig:
     max_classes: int = 256
     max_drafters: int = 4
     cost_k_columns: int = 16
-    cost_class_columns: int = 16
+    cost_class_columns: int = 0
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -93,7 +93,7 @@ class SpecctlConfig:
             "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),
             "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
             "cost_k_columns": integer("cost_k_columns", self.cost_k_columns, 0, MAX_K),
-            "cost_class_columns": integer("cost_class_columns", self.cost_class_columns, 0, 256),
+            "cost_class_columns": integer("cost_class_columns", self.cost_class_columns, 0, 64),
         }
         if checked["recent_discount"] > checked["discount"]:
             raise ValueError(

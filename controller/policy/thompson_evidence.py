@@ -40,8 +40,8 @@ from specctl.steps import StepBatch
 
 # memory of a load bucket's class mix, per step in the bucket (about 100 steps)
 _MIX_DISCOUNT = 0.99
-# an arm's own step-cost column: its prior lets a batch that runs the arm move a step by a
-# quarter of what the other terms' priors let them (see cost)
+# an arm's or a class's own step-cost column: its prior lets a batch that runs the arm (or
+# is the class) move a step by a quarter of what the other terms' priors let them (see cost)
 _K_COLUMN_TYPICAL = 4.0
 # classes with at least this share of a bucket's requests are decided together
 _MIN_MIX_SHARE = 0.02
@@ -147,7 +147,8 @@ class ThompsonEvidence:
         slot = self.class_slot.pop(name)
         self.slot_class[slot] = None
         self.acceptance.reset(slot)
-        self.cost.forget_class(slot)
+        for b in self.cost.forget_class(slot).tolist():
+            self.cost.refresh(b, self.typical_features(b))
         self.mix[:, slot] = 0.0
         self.mix_tokens[:, slot] = 0.0
         self.mix_present[:, slot] = 0.0
