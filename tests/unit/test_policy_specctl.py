@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -861,23 +862,28 @@ def test_only_the_engines_batch_drafter_has_batch_wide_cost() -> None:
     assert sum(a.drafter == "ngram" for a in late) >= 0.9 * len(late), late
 
 
-def _kinked_policy(k_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
-    """A drafter whose step cost is a line in K with a step up from K=4 on (3 ms a request
-    more, as a kernel tile or a captured graph size makes on a GPU). Each step runs one K
-    for its batch of 8, at random."""
-    policy = make_policy("specctl", {"cost_k_columns": k_columns, "seed": seed})
+def _ngram_policy(
+    params: dict[str, int],
+    steps: int,
+    seed: int,
+    batch_of: Callable[[np.random.Generator, int], tuple[list[str], float]],
+) -> SpecctlPolicy:
+    """A policy fed ``steps`` one-step reports of a batch of 8 on n-gram drafts, each step
+    at one K drawn at random; ``batch_of(rng, k)`` gives the step's classes and its time
+    before a 2% noise."""
+    policy = make_policy("specctl", {**params, "seed": seed})
     assert isinstance(policy, SpecctlPolicy)
     policy.set_arms(arms_for(NGRAM.items()))
     rng = np.random.default_rng(seed)
     for step in range(steps):
         k = int(rng.integers(1, 7))
+        classes, time_s = batch_of(rng, k)
         drafted = [k] * 8
         accepted = [int(min(rng.geometric(0.4) - 1, k)) for _ in drafted]
-        time_s = 0.02 + 0.001 * 8 * k + 0.003 * 8 * (k >= 4)
         record = StepRecord(
             step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
             batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
-            load_bucket=0, step_end_unix_s=1e9 + step, classes=["chat"] * 8,
+            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
             arms=[f"ngram/k={k}"] * 8, propensity=[0.2] * 8, drafted=drafted, accepted=accepted,
         )  # fmt: skip
         batch = decode_step_report(
@@ -886,6 +892,17 @@ def _kinked_policy(k_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
         )  # fmt: skip
         policy.update_params(batch)
     return policy
+
+
+def _kinked_policy(k_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
+    """A drafter whose step cost is a line in K with a step up from K=4 on (3 ms a request
+    more, as a kernel tile or a captured graph size makes on a GPU). Each step runs one K
+    for its batch of 8, at random."""
+
+    def batch_of(rng: np.random.Generator, k: int) -> tuple[list[str], float]:
+        return ["chat"] * 8, 0.02 + 0.001 * 8 * k + 0.003 * 8 * (k >= 4)
+
+    return _ngram_policy({"cost_k_columns": k_columns}, steps, seed, batch_of)
 
 
 def _step_times(policy: SpecctlPolicy) -> dict[int, float]:
@@ -917,29 +934,13 @@ def _two_class_policy(class_columns: int, steps: int, seed: int = 0) -> SpecctlP
     """Classes ``short`` and ``long`` that accept alike, where a speculating request of
     ``long`` costs 4 ms more at every K (a longer context to verify against). Each step
     runs one K for its batch of 8, whose mix of the two classes varies."""
-    policy = make_policy("specctl", {"cost_class_columns": class_columns, "seed": seed})
-    assert isinstance(policy, SpecctlPolicy)
-    policy.set_arms(arms_for(NGRAM.items()))
-    rng = np.random.default_rng(seed)
-    for step in range(steps):
-        k = int(rng.integers(1, 7))
+
+    def batch_of(rng: np.random.Generator, k: int) -> tuple[list[str], float]:
         n_long = int(rng.binomial(8, 0.5))
         classes = ["long"] * n_long + ["short"] * (8 - n_long)
-        drafted = [k] * 8
-        accepted = [int(min(rng.geometric(0.4) - 1, k)) for _ in drafted]
-        time_s = 0.02 + 0.001 * 8 * k + 0.004 * n_long
-        record = StepRecord(
-            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
-            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
-            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
-            arms=[f"ngram/k={k}"] * 8, propensity=[0.2] * 8, drafted=drafted, accepted=accepted,
-        )  # fmt: skip
-        batch = decode_step_report(
-            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
-            num_load_buckets=4,
-        )  # fmt: skip
-        policy.update_params(batch)
-    return policy
+        return classes, 0.02 + 0.001 * 8 * k + 0.004 * n_long
+
+    return _ngram_policy({"cost_class_columns": class_columns}, steps, seed, batch_of)
 
 
 def _class_prices(policy: SpecctlPolicy) -> dict[str, float]:
