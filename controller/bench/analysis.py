@@ -31,6 +31,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specctl.bench.policy_names import VARIANT_SEPARATOR
+
 CLOCKS = {"cpu": "engine_cpu_s", "wall": "window_s"}
 NO_SPEC = "static:off"
 SPECCTL = "specctl"
@@ -58,10 +60,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def variant(name: str, params: Mapping[str, Any] | None = None) -> str:
+    """What a policy of the benchmark is: a static arm (``reference``), specctl
+    (``learning``), a policy's ``<policy>@<label>`` (``variant``), or a peer as its
+    system ships it (``as-shipped``) or with the workload's parameters (``configured``)."""
     if name.startswith("static:"):
         return "reference"
     if name == SPECCTL:
         return "learning"
+    if VARIANT_SEPARATOR in name:
+        return "variant"
     return "configured" if params else "as-shipped"
 
 

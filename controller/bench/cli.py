@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "real engine (--engine vllm)",
         "--policies takes static (every static arm), static:<arm>, specctl and the peers' "
-        "names (default: the workload's bench.policies, else all); --json and --plots name "
+        "names, and <policy>@<label>: the policy with the workload's "
+        '[sidecar.params."<policy>@<label>"] over its own (default: the workload\'s '
+        "bench.policies, else all); --json and --plots name "
         "where the JSON and the PNGs go (default: in --out); --seed seeds the load",
     )
     g.add_argument("--workload", help="a workload file (TOML), or a packaged one by name")

@@ -13,7 +13,10 @@ always right after a given one):
   ``--policy NAME``; the engine reconnects by itself. With ``carry_state``
   (the default) the policy's sidecar keeps its state in a directory of its
   own and restores it on its next start, so each learning policy goes
-  through the phases in order as if it alone had run through the load swing.
+  through the phases in order as if it alone had run through the load swing;
+- a variant ``<policy>@<label>``: the policy with parameters of its own, run
+  and kept apart like any other learning policy, so a change of parameters is
+  measured against the policy it would replace in the same repetitions.
 
 A segment starts the phase's clients (see :mod:`.load`), lets them run
 unmeasured for ``settle_s`` (static arms: the closed loop ramping up) or
@@ -114,7 +117,7 @@ class EngineBench:
             state_dir = None
             if self.workload.bench.carry_state and self._state_root is not None:
                 state_dir = self._state_root / run.name
-            sidecar.start(run.name, run.params, state_dir=state_dir)
+            sidecar.start(run.policy, run.params, state_dir=state_dir)
             self._sidecar_mode = run.name
         else:
             if self._sidecar_mode != REFERENCE_SIDECAR:
@@ -386,7 +389,12 @@ class EngineBench:
             "repetitions": self.repetitions,
             "warmup_s": self.warmup_s,
             "policies": [
-                {"name": r.name, "static_arm": r.static_arm, "params": dict(r.params)}
+                {
+                    "name": r.name,
+                    "policy": r.policy if r.learning else None,
+                    "static_arm": r.static_arm,
+                    "params": dict(r.params),
+                }
                 for r in self.runs
             ],
             "elapsed_s": round(self.elapsed(), 1),

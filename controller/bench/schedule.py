@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specctl.bench.policy_names import learning_policies
+from specctl.bench.policy_names import learning_policies, policy_params, registered_policy
 from specctl.bench.workload import Workload
 
 
@@ -28,10 +28,17 @@ class PolicyRun:
     def learning(self) -> bool:
         return self.static_arm is None
 
+    @property
+    def policy(self) -> str:
+        """The policy the sidecar runs: ``specctl`` for ``specctl`` and ``specctl@<label>``."""
+        return registered_policy(self.name)
+
 
 def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> list[PolicyRun]:
     """The policies to run, in the order given: ``static`` expands to every static arm of
-    the workload (``static:<arm>``); default: every static arm, specctl, every peer."""
+    the workload (``static:<arm>``); default: every static arm, specctl, every peer. A
+    variant (``<policy>@<label>``) runs its policy with the parameters of
+    :func:`~specctl.bench.policy_names.policy_params`."""
     chosen = list(names or workload.bench.policies or ["static", *learning_policies()])
     runs: dict[str, PolicyRun] = {}
     for name in chosen:
@@ -41,7 +48,9 @@ def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> l
         elif name.startswith("static:"):
             runs.setdefault(name, PolicyRun(name, static_arm=name.removeprefix("static:")))
         else:
-            runs.setdefault(name, PolicyRun(name, params=workload.policy_params.get(name, {})))
+            runs.setdefault(
+                name, PolicyRun(name, params=policy_params(workload.policy_params, name))
+            )
     return list(runs.values())
 
 

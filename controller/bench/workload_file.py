@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from specctl.arms import ArmError, parse_arm
-from specctl.bench.policy_names import policy_name_problem
+from specctl.bench.policy_names import (
+    learning_policy_problem,
+    policy_name_problem,
+    policy_params,
+    registered_policy,
+)
 from specctl.bench.workload import (
     BUILTIN_MODELS,
     BUILTIN_PROMPTS,
@@ -142,7 +147,7 @@ def _engine(w: Where, raw: Any) -> tuple[str, dict[str, str], tuple[str, ...]]:
 
 
 def _sidecar(w: Where, raw: Any) -> tuple[tuple[int, ...] | None, dict[str, dict[str, Any]]]:
-    from specctl.policy.registry import POLICIES, make_policy
+    from specctl.policy.registry import make_policy
 
     t = as_table(w, raw or {}, "sidecar")
     check_keys(w, t, "sidecar", ["load_bucket_bounds", "params"])
@@ -160,15 +165,19 @@ def _sidecar(w: Where, raw: Any) -> tuple[tuple[int, ...] | None, dict[str, dict
     out: dict[str, dict[str, Any]] = {}
     for name, p in params.items():
         key = f"sidecar.params.{name}"
-        if name not in POLICIES or POLICIES[name].stationary:
-            known = sorted(n for n, cls in POLICIES.items() if not cls.stationary)
-            raise w.error(key, f"unknown policy; known: {', '.join(known)}")
-        p = as_table(w, p, key)
+        problem = learning_policy_problem(name)
+        if problem is not None:
+            raise w.error(key, problem)
+        out[name] = dict(as_table(w, p, key))
+    for name in out:
+        # a variant runs with its policy's parameters and its own over them
+        key = f"sidecar.params.{name}"
         try:
-            make_policy(name, p, load_bucket_bounds=bounds)
+            make_policy(
+                registered_policy(name), policy_params(out, name), load_bucket_bounds=bounds
+            )
         except ValueError as exc:
             raise w.error(key, str(exc)) from None
-        out[name] = dict(p)
     return bounds, out
 
 

@@ -1,8 +1,8 @@
 """``specctl bench --engine vllm`` end to end on the tiny model (n-gram drafter).
 
 One benchmark run for the module (one vLLM server, the sidecar restarted per
-policy): two classes, two short load phases, one repetition, two static arms
-and specctl. The checks are on the JSON's structure and on its numbers
+policy): two classes, two short load phases, one repetition, two static arms,
+specctl and a variant of it with parameters of its own. The checks are on the JSON's structure and on its numbers
 agreeing with each other: static arms measured per class and pure, the oracle
 the best of them, the ratios what the goodputs give, the tokens the engine
 reported close to vLLM's own count.
@@ -31,8 +31,12 @@ repetitions = 1
 warmup_s = 2
 settle_s = 1
 sample_every_s = 0.5
-policies = ["static", "specctl"]
+policies = ["static", "specctl", "specctl@k1"]
 static_arms = ["off", "ngram/k=2"]
+
+[sidecar.params."specctl@k1"]  # held at its cold start's arm for the whole run
+prior_arm = "ngram/k=1"
+cold_start_rounds = 1e9
 
 [[class]]
 name = "greedy"
@@ -56,7 +60,7 @@ name = "high"
 concurrency = 8
 seconds = 3
 """
-POLICIES = ["static:off", "static:ngram/k=2", "specctl"]
+POLICIES = ["static:off", "static:ngram/k=2", "specctl", "specctl@k1"]
 CLASSES = ["greedy", "hot"]
 PHASES = ["low", "high"]
 
@@ -94,7 +98,8 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
     assert out["benchmark"] == "engine" and out["repetitions"] == 1
     assert list(out["policies"]) == POLICIES
     assert {p: out["policies"][p]["variant"] for p in POLICIES} == {
-        "static:off": "reference", "static:ngram/k=2": "reference", "specctl": "learning"
+        "static:off": "reference", "static:ngram/k=2": "reference", "specctl": "learning",
+        "specctl@k1": "variant",
     }  # fmt: skip
     for name, p in out["policies"].items():
         for clock in ("cpu", "wall"):
@@ -106,6 +111,7 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
             assert set(p[clock]["classes"]) == set(CLASSES)
         assert set(p["off_share"]) == set(CLASSES)
     assert set(out["headline"]["cpu"]) == {"vs_oracle", "vs_best_static", "vs_no_spec", "vs_peers"}
+    assert set(out["headline"]["cpu"]["vs_peers"]) == {"specctl@k1"}
     assert out["engine"]["arms"] == ["off"] + [f"ngram/k={k}" for k in range(1, 5)]
     assert len(out["segments"]) == len(POLICIES) * len(PHASES)
     # every phase ran every policy, in a rotated order
@@ -217,3 +223,18 @@ def test_engine_tokens_agree_with_vllm_and_off_shares(run: dict[str, Any]) -> No
         assert spec["off_share"][c] == pytest.approx(off / rounds, abs=1e-3)
         assert out["policies"]["static:off"]["off_share"][c] == 1.0
         assert out["policies"]["static:ngram/k=2"]["off_share"][c] == 0.0
+
+
+def test_a_variant_runs_its_policy_with_its_own_parameters(run: dict[str, Any]) -> None:
+    """``specctl@k1`` is specctl held at its cold start's arm, ``ngram/k=1``."""
+    out = run["json"]
+    assert out["policies"]["specctl"]["params"] == {}
+    assert out["policies"]["specctl@k1"]["params"] == {
+        "prior_arm": "ngram/k=1", "cold_start_rounds": 1e9
+    }  # fmt: skip
+    # the greedy class repeats itself and is never switched off in seconds
+    share = out["policies"]["specctl@k1"]["arm_share"]["greedy"]
+    assert share.get("ngram/k=1", 0.0) >= 0.8, share
+    # its sidecar's segments are its own, and it learned in a state directory of its own
+    assert {s["policy"] for s in out["segments"]} == set(POLICIES)
+    assert (run["out"] / "state" / "specctl@k1").is_dir()

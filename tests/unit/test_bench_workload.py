@@ -129,6 +129,15 @@ def test_a_model_drafter_engine_offers_ngram_arms_as_the_engine_does() -> None:
         ("[engine]\nstep_clock = 'cpu'\n" + MINIMAL, "engine.step_clock='cpu'"),
         ("[sidecar.params.specctl]\ndiscount = 2\n" + MINIMAL, "sidecar.params.specctl"),
         ("[sidecar.params.nope]\nx = 1\n" + MINIMAL, "sidecar.params.nope: unknown policy"),
+        ('[sidecar.params."specctl@fast"]\nprobe_budget = 0.9\n' + MINIMAL,
+         "sidecar.params.specctl@fast: specctl policy: probe_budget=0.9"),
+        ('[sidecar.params."nope@fast"]\nx = 1\n' + MINIMAL, "sidecar.params.nope@fast: unknown"),
+        ('[sidecar.params."specctl@a b"]\nseed = 1\n' + MINIMAL, "variant label 'a b'"),
+        ("[bench]\npolicies = ['specctl@']\n" + MINIMAL, "bench.policies[0]='specctl@': variant"),
+        # a variant's parameters over its policy's: together they contradict each other
+        ("[sidecar.params.specctl]\nswitch_on_confidence = 0.9\n"
+         '[sidecar.params."specctl@low"]\nswitch_off_confidence = 0.85\n' + MINIMAL,
+         "sidecar.params.specctl@low: specctl policy: switch_on_confidence=0.9 must not"),
         ("[sidecar]\nload_bucket_bounds = [8, 4]\n" + MINIMAL, "must increase"),
         ("[[phase]]\nconcurrency = 1\nseconds = 1\n", "class: at least one"),
         ('[[class]]\nname = "a"\n', "phase: at least one"),
@@ -181,6 +190,24 @@ def test_schedule_runs_every_policy_once_per_phase_in_rotated_orders() -> None:
             orders.append(names)
     assert len({tuple(o) for o in orders}) == len(orders)  # every phase in another order
     assert rotated(runs, 1)[0].name == "static:draft_model/k=2"
+
+
+def test_a_variant_runs_its_policy_with_its_parameters_over_the_policys() -> None:
+    w = _parse(
+        "[bench]\npolicies = ['specctl', 'specctl@wide', 'specctl@again']\n"
+        "[sidecar.params.specctl]\nprobe_budget = 0.03\nseed = 2\n"
+        '[sidecar.params."specctl@wide"]\ncost_class_columns = 16\nseed = 5\n' + MINIMAL
+    )
+    runs = {r.name: r for r in expand_policies(w)}
+    assert list(runs) == ["specctl", "specctl@wide", "specctl@again"]
+    assert {runs[n].policy for n in ("specctl", "specctl@wide", "specctl@again")} == {"specctl"}
+    assert runs["specctl"].params == {"probe_budget": 0.03, "seed": 2}
+    assert runs["specctl@wide"].params == {
+        "probe_budget": 0.03, "seed": 5, "cost_class_columns": 16
+    }  # fmt: skip
+    # a variant without a table of its own runs the policy as configured: an A/A pair
+    assert runs["specctl@again"].params == runs["specctl"].params
+    assert all(r.learning for n, r in runs.items() if "@" in n)
 
 
 # --- analysis --------------------------------------------------------------------------
