@@ -82,8 +82,8 @@ MATH500). Without a price of their own, the line and the arms' columns price
 the bucket's mix of classes, and that average biases each class's K: a class
 whose rounds cost less than the mix's sees each extra draft as a smaller
 share of its round than it is, and drafts too long. So, where the policy's
-``cost_class_columns`` asks for it (0 by default: on the CPU testbed it has
-not paid yet), the first ``class_columns`` class slots get a column
+``cost_class_columns`` asks for it (16 by default), the first
+``class_columns`` class slots get a column
 per drafter after the arms': the class's requests drafting with it, a
 deviation from the line's price. They are read as the arms' columns are, but
 counted only beyond ``_CLASS_COLUMN_Z`` standard deviations: a class's price

@@ -50,7 +50,7 @@ class SpecctlConfig:
     max_classes: int = 256
     max_drafters: int = 4
     cost_k_columns: int = 16
-    cost_class_columns: int = 0
+    cost_class_columns: int = 16
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
