@@ -2,10 +2,10 @@
 
 One benchmark run for the module (one vLLM server, the sidecar restarted per
 policy): two classes, two short load phases, one repetition, two static arms,
-specctl and a variant of it with parameters of its own. The checks are on the JSON's structure and on its numbers
-agreeing with each other: static arms measured per class and pure, the oracle
-the best of them, the ratios what the goodputs give, the tokens the engine
-reported close to vLLM's own count.
+specctl and a variant of it with parameters of its own. The checks are on the
+JSON's structure and on its numbers agreeing with each other: static arms
+measured per class and pure, the oracle the best of them, the ratios what the
+goodputs give, the tokens the engine reported close to vLLM's own count.
 """
 
 from __future__ import annotations
