@@ -83,8 +83,9 @@ maximised is the engine's goodput over the work the classes bring
 
 Cold start. A class with fewer than ``cold_start_rounds`` (decayed)
 request-rounds runs ``prior_arm`` (for example the engine's configured K)
-with weight ``1 - rounds / cold_start_rounds``, mixed with the Thompson
-distribution, so a new class does not start by exploring wildly.
+with weight ``1 - rounds / cold_start_rounds``, mixed with what the rule above
+decides (the Thompson distribution, or off and its probes), so a new class does
+not start by exploring wildly.
 
 Fleet. Replicas of one model can share what they learn
 (:mod:`specctl.policy.shared`): :meth:`SpecctlPolicy.contribution` is this
@@ -369,23 +370,31 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             if probe is None or cfg.probe_budget == 0.0:
                 probs = np.zeros(len(arms))
                 probs[0] = 1.0
-                return Decision(arms, probs, f"off: P(spec loses)={p_loses:.2f}")
-            probs = budget * probe
-            probs[0] = 1.0 - budget
-            top = int(np.argmax(probe))
-            return Decision(
-                arms,
-                probs,
-                f"off: P(spec loses)={p_loses:.2f}, probing {_percent(budget)}, mostly {arms[top]}",
-            )
-        probs = p_best
-        mode = int(np.argmax(probs))
-        explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
-        control = self._control_share(slot, bucket, samples, mode)
-        if control > 0.0 and probs[0] < control:
-            probs = probs * (1.0 - control)
-            probs[0] += control
-            explanation += f"; off {_percent(control)} as control"
+                explanation = f"off: P(spec loses)={p_loses:.2f}"
+            else:
+                probs = budget * probe
+                probs[0] = 1.0 - budget
+                top = int(np.argmax(probe))
+                explanation = (
+                    f"off: P(spec loses)={p_loses:.2f}, probing {_percent(budget)}, "
+                    f"mostly {arms[top]}"
+                )
+        else:
+            probs = p_best
+            mode = int(np.argmax(probs))
+            explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
+            control = self._control_share(slot, bucket, samples, mode)
+            if control > 0.0 and probs[0] < control:
+                probs = probs * (1.0 - control)
+                probs[0] += control
+                explanation += f"; off {_percent(control)} as control"
+        return self._with_cold_start(slot, probs, explanation)
+
+    def _with_cold_start(self, slot: int | None, probs: np.ndarray, explanation: str) -> Decision:
+        """The decision mixed with ``prior_arm`` while the class is young, whichever way it
+        was reached: a class switched off on its first rounds still runs the prior arm at
+        the cold start's weight, as the operator who configured it expects."""
+        cfg, arms = self.config, self._arms
         prior = self._prior_index
         rounds = self.learned.acceptance.total_rounds(slot) if slot is not None else 0.0
         if prior is not None and rounds < cfg.cold_start_rounds:

@@ -215,6 +215,23 @@ def test_cold_start_runs_the_prior_arm_then_learns() -> None:
     assert policy.select_action("new-class", 0).explanation.startswith("thompson")
 
 
+def test_cold_start_holds_the_prior_arm_in_a_class_switched_off() -> None:
+    """Speculation loses here and the class switches off; while it is young it still runs
+    the prior arm at the cold start's weight, whichever way the rest was decided."""
+    policy = specctl(prior_arm="ngram/k=4", cold_start_rounds=1e9)
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=5e-4
+    )
+    for _ in range(3000):
+        env.run_step(policy, "chat", 2, 64)
+        if ("chat", 2) in policy.switch_off.contexts:
+            break
+    decision = policy.select_action("chat", 2)
+    assert "; off: P(spec loses)=" in decision.explanation, decision.explanation
+    assert decision.explanation.startswith("cold start: ngram/k=4 at 100%"), decision
+    assert decision.probability_of(parse_arm("ngram/k=4")) >= 0.99, decision
+
+
 def test_prior_arm_longer_than_offered_uses_the_longest_offered() -> None:
     policy = specctl(prior_arm="ngram/k=9")
     assert policy.select_action("chat", 0).mode == parse_arm("ngram/k=6")
