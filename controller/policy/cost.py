@@ -71,7 +71,7 @@ taken at their posterior mean less ``_K_COLUMN_Z`` standard deviations (soft
 thresholding: zero while the evidence is weaker), never drawn, and the
 other coefficients are drawn conditioned on them, so the columns cost no
 exploration: an arm costs what the line says until its own steps show
-otherwise. The fleet shares the line's terms only.
+otherwise. The fleet shares them by name (``ngram/k=3``), with the line's terms.
 
 Classes off the mix. Requests of different classes do not cost the same at
 one arm: verification attends over the request's context, and a drafter's
@@ -89,7 +89,9 @@ deviation from the line's price. They are read as the arms' columns are, but
 counted only beyond ``_CLASS_COLUMN_Z`` standard deviations: a class's price
 moves every arm of the class at once, and what tells it apart is how the
 batch's mix of classes varies from step to step, which is slow. A class
-slot that goes to another class drops its columns (:meth:`forget_class`).
+slot that goes to another class drops its columns (:meth:`forget_class`). The fleet
+shares them by class and drafter name, so a class's price learned on one replica
+holds on every replica that runs the class.
 
 The prior is independent per coefficient: mean from configuration (0 for a
 drafter's per-request cost, ``prior_token_s`` per draft token), standard
@@ -365,17 +367,22 @@ class CostModel:
             self.off_steps[b] = self.off_steps[b] * d + float(not x1[BASE_FEATURES:].any())
 
     def forget_class(self, slot: int) -> np.ndarray:
-        """Drop a class's own price in every bucket: its slot may go to another class.
-        What its steps told the line through K stays. Returns the buckets whose fit
-        changed (:meth:`refresh` them: the line takes the class's price as its own)."""
+        """Drop a class's own price in every bucket, this replica's and the fleet's: its
+        slot may go to another class. What its steps told the line through K stays.
+        Returns the buckets whose fit changed (:meth:`refresh` them: the line takes the
+        class's price as its own)."""
         if slot >= self.class_columns:
             return np.zeros(0, dtype=np.int64)
         nd = self.num_drafters
         cols = slice(self.class_start + slot * nd, self.class_start + (slot + 1) * nd)
-        held = np.flatnonzero(np.diagonal(self.xtx[:, cols, cols], axis1=1, axis2=2).any(axis=1))
-        self.xtx[:, cols, :] = 0.0
-        self.xtx[:, :, cols] = 0.0
-        self.xty[:, cols] = 0.0
+        held = np.flatnonzero(
+            np.diagonal(self.xtx[:, cols, cols], axis1=1, axis2=2).any(axis=1)
+            | np.diagonal(self.shared_xtx[:, cols, cols], axis1=1, axis2=2).any(axis=1)
+        )
+        for xtx, xty in ((self.xtx, self.xty), (self.shared_xtx, self.shared_xty)):
+            xtx[:, cols, :] = 0.0
+            xtx[:, :, cols] = 0.0
+            xty[:, cols] = 0.0
         self.fit[:, cols] = 0.0
         self.fit_factor[:, cols, :] = 0.0
         self.fit_factor[:, :, cols] = 0.0

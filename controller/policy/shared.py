@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from specctl.arms import MAX_K, Arm, ArmError
+from specctl.arms import MAX_K, Arm, ArmError, parse_arm
 from specctl.policy.acceptance import ARM_STATS
 from specctl.policy.cost import BASE_FEATURES, FEATURES_PER_DRAFTER, num_features
 from specctl.steps import validate_class_name
@@ -82,9 +82,17 @@ class SharedCost:
     """Step-cost regression sums and load per load bucket (:mod:`specctl.policy.cost`).
 
     Features are ``1``, decode tokens verified, prefill tokens, then five per drafter,
-    in the order of ``drafters``; ``xtx``, ``xty``, ``yy`` and ``steps`` are the discounted,
-    Huber-weighted sums the cost model keeps, and ``load_*`` the bucket's
-    discounted steps, batch sizes and prefill tokens (:mod:`specctl.policy.load`).
+    in the order of ``drafters``; then an arm's own column per name in ``arm_columns``
+    (``ngram/k=3``: the requests that ran it) and a class's own price per
+    ``(class, drafter)`` in ``class_columns`` (the class's requests drafting with it).
+    ``xtx``, ``xty``, ``yy`` and ``steps`` are the discounted, Huber-weighted sums the
+    cost model keeps, and ``load_*`` the bucket's discounted steps, batch sizes and
+    prefill tokens (:mod:`specctl.policy.load`).
+
+    The columns are named, not numbered, because each replica lays out its own: a
+    reader places those it has room for and leaves the others out. Leaving a column
+    out of least-squares sums is exact: what remains are the sums of the regression
+    without it, whose other terms then take its part.
     """
 
     load_bucket_bounds: tuple[int, ...]
@@ -96,6 +104,8 @@ class SharedCost:
     load_steps: np.ndarray
     load_batch_sum: np.ndarray
     load_extra_tokens_sum: np.ndarray
+    arm_columns: tuple[str, ...] = ()
+    class_columns: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         bounds = self.load_bucket_bounds
@@ -104,7 +114,9 @@ class SharedCost:
                 f"load_bucket_bounds={list(bounds)} must be strictly increasing positive sizes"
             )
         _check_names("drafters", self.drafters, _drafter_problem)
-        b, f = len(bounds) + 1, num_features(len(self.drafters))
+        self._check_columns()
+        b = len(bounds) + 1
+        f = num_features(len(self.drafters)) + len(self.arm_columns) + len(self.class_columns)
         _check_array("xtx", self.xtx, (b, f, f))
         _check_array("xty", self.xty, (b, f))
         for name in ("yy", "steps", "load_steps", "load_batch_sum", "load_extra_tokens_sum"):
@@ -119,6 +131,61 @@ class SharedCost:
     @property
     def num_buckets(self) -> int:
         return len(self.load_bucket_bounds) + 1
+
+    def feature_keys(self) -> list[FeatureKey]:
+        """Each feature's name, in the order of ``xtx``'s rows."""
+        return cost_feature_keys(self.drafters, self.arm_columns, self.class_columns)
+
+    def _check_columns(self) -> None:
+        arms = self.arm_columns
+        if not isinstance(arms, tuple) or not all(isinstance(a, str) for a in arms):
+            raise SharedEvidenceError("arm_columns must be a tuple of arm names")
+        if len(set(arms)) != len(arms):
+            raise SharedEvidenceError("arm_columns repeats an arm")
+        for name in arms:
+            try:
+                arm = parse_arm(name)
+            except ArmError as exc:
+                raise SharedEvidenceError(f"arm_columns: {exc}") from None
+            if arm.is_off or arm.drafter not in self.drafters:
+                raise SharedEvidenceError(
+                    f"arm_columns: {name!r} is not an arm of the drafters {list(self.drafters)}"
+                )
+        pairs = self.class_columns
+        if not isinstance(pairs, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and all(isinstance(n, str) for n in p)
+            for p in pairs
+        ):
+            raise SharedEvidenceError("class_columns must be a tuple of (class, drafter) names")
+        if len(set(pairs)) != len(pairs):
+            raise SharedEvidenceError("class_columns repeats a (class, drafter)")
+        for workload_class, drafter in pairs:
+            problem = _class_problem(workload_class)
+            if problem is not None:
+                raise SharedEvidenceError(f"class_columns: {problem}")
+            if drafter not in self.drafters:
+                raise SharedEvidenceError(
+                    f"class_columns: {drafter!r} is not one of the drafters {list(self.drafters)}"
+                )
+
+
+# a cost feature by name: ("line", i) for the first BASE_FEATURES, ("drafter", name, j)
+# for a drafter's j-th, ("arm", "ngram/k=3") for an arm's own column, ("class", class,
+# drafter) for a class's own price
+FeatureKey = tuple[str | int, ...]
+
+
+def cost_feature_keys(
+    drafters: Sequence[str],
+    arm_columns: Sequence[str] = (),
+    class_columns: Sequence[tuple[str, str]] = (),
+) -> list[FeatureKey]:
+    """The names of a cost layout's features, in order (see :class:`SharedCost`)."""
+    keys: list[FeatureKey] = [("line", i) for i in range(BASE_FEATURES)]
+    keys += [("drafter", d, j) for d in drafters for j in range(FEATURES_PER_DRAFTER)]
+    keys += [("arm", a) for a in arm_columns]
+    keys += [("class", c, d) for c, d in class_columns]
+    return keys
 
 
 @dataclass(frozen=True)
@@ -193,7 +260,7 @@ def without_classes(part: SharedAcceptance, classes: Collection[str]) -> SharedA
 
 
 def sum_cost(parts: Sequence[SharedCost]) -> SharedCost | None:
-    """The sum of several replicas' cost evidence, features aligned by drafter name.
+    """The sum of several replicas' cost evidence, features aligned by name.
 
     All parts must have the same load buckets (ValueError otherwise): a bucket's
     statistics mean nothing under other bounds.
@@ -207,27 +274,23 @@ def sum_cost(parts: Sequence[SharedCost]) -> SharedCost | None:
                 f"load buckets differ: {list(p.load_bucket_bounds)} and {list(bounds)}"
             )
     drafters = tuple(dict.fromkeys(d for p in parts for d in p.drafters))
-    b, f = len(bounds) + 1, num_features(len(drafters))
+    arm_columns = tuple(dict.fromkeys(a for p in parts for a in p.arm_columns))
+    class_columns = tuple(dict.fromkeys(c for p in parts for c in p.class_columns))
+    position = {
+        key: i for i, key in enumerate(cost_feature_keys(drafters, arm_columns, class_columns))
+    }
+    b, f = len(bounds) + 1, len(position)
     xtx, xty = np.zeros((b, f, f)), np.zeros((b, f))
     sums = {name: np.zeros(b) for name in _COST_VECTORS}
     for p in parts:
-        idx = feature_index(p.drafters, drafters)
+        idx = np.array([position[key] for key in p.feature_keys()], dtype=np.int64)
         xtx[:, idx[:, None], idx[None, :]] += p.xtx
         xty[:, idx] += p.xty
         for name in _COST_VECTORS:
             sums[name] += getattr(p, name)
-    return SharedCost(bounds, drafters, xtx, xty, **sums)
-
-
-def feature_index(source: Sequence[str], target: Sequence[str]) -> np.ndarray:
-    """Where each cost feature of a layout with drafters ``source`` sits in the layout
-    with drafters ``target`` (every source drafter must be in target)."""
-    position = {d: i for i, d in enumerate(target)}
-    idx = list(range(BASE_FEATURES))
-    for d in source:
-        base = BASE_FEATURES + FEATURES_PER_DRAFTER * position[d]
-        idx.extend(range(base, base + FEATURES_PER_DRAFTER))
-    return np.array(idx, dtype=np.int64)
+    return SharedCost(
+        bounds, drafters, xtx, xty, **sums, arm_columns=arm_columns, class_columns=class_columns
+    )
 
 
 _COST_VECTORS = ("yy", "steps", "load_steps", "load_batch_sum", "load_extra_tokens_sum")

@@ -26,15 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specctl.arms import Arm, parse_arm
 from specctl.policy.acceptance import AcceptanceModel
 from specctl.policy.cost import BASE_FEATURES, FEATURES_PER_DRAFTER, CostModel, num_features
 from specctl.policy.load import BucketLoad
 from specctl.policy.shared import (
+    FeatureKey,
     MergeReport,
     SharedAcceptance,
     SharedCost,
     SharedEvidence,
-    feature_index,
 )
 from specctl.steps import StepBatch
 
@@ -352,19 +353,48 @@ class ThompsonEvidence:
             )
         cost = None
         if self.cost.steps.any():
-            f = num_features(nd)
+            cols, arm_columns, class_columns = self._shared_cost_columns(drafters)
             cost = SharedCost(
                 load_bucket_bounds=self.load.bounds,
                 drafters=drafters,
-                xtx=self.cost.xtx[:, :f, :f].copy(),
-                xty=self.cost.xty[:, :f].copy(),
+                xtx=np.ascontiguousarray(self.cost.xtx[:, cols[:, None], cols[None, :]]),
+                xty=np.ascontiguousarray(self.cost.xty[:, cols]),
                 yy=self.cost.yy.copy(),
                 steps=self.cost.steps.copy(),
                 load_steps=self.load.steps.copy(),
                 load_batch_sum=self.load.batch_sum.copy(),
                 load_extra_tokens_sum=self.load.extra_tokens_sum.copy(),
+                arm_columns=arm_columns,
+                class_columns=class_columns,
             )
         return SharedEvidence(acceptance, cost)
+
+    def _shared_cost_columns(
+        self, drafters: tuple[str, ...]
+    ) -> tuple[np.ndarray, tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """The cost model's columns this replica shares, and the names of those past the
+        line's: an arm's or a class's own column where a step has filled it."""
+        cost = self.cost
+        filled = np.asarray(np.diagonal(cost.xtx, axis1=1, axis2=2).any(axis=0))
+        cols = list(range(num_features(len(drafters))))
+        arm_columns: list[str] = []
+        for slot, drafter in enumerate(drafters):
+            for k in range(1, cost.k_columns + 1):
+                col = cost.arm_start + cost.k_columns * slot + k - 1
+                if filled[col]:
+                    cols.append(col)
+                    arm_columns.append(str(Arm(drafter, k)))
+        class_columns: list[tuple[str, str]] = []
+        for class_slot in range(min(cost.class_columns, len(self.slot_class))):
+            name = self.slot_class[class_slot]
+            if name is None:
+                continue
+            for slot, drafter in enumerate(drafters):
+                col = cost.class_start + cost.num_drafters * class_slot + slot
+                if filled[col]:
+                    cols.append(col)
+                    class_columns.append((name, drafter))
+        return np.array(cols, dtype=np.int64), tuple(arm_columns), tuple(class_columns)
 
     def merge_shared(self, shared: SharedEvidence | None) -> SharedUpdate:
         """Replace the fleet's evidence in the models with ``shared`` (None: none).
@@ -439,12 +469,11 @@ class ThompsonEvidence:
             slots = [self.slot_of_drafter(d) for d in part.drafters]
             missing = sum(1 for slot in slots if slot < 0)
             if not missing:
-                names = [""] * self.max_drafters
-                for d, slot in zip(part.drafters, slots, strict=True):
-                    names[slot] = d
-                idx = feature_index(part.drafters, names)
-                xtx[:, idx[:, None], idx[None, :]] = part.xtx
-                xty[:, idx] = part.xty
+                idx = np.array([self._cost_column(key) for key in part.feature_keys()])
+                keep = np.flatnonzero(idx >= 0)
+                placed = idx[keep]
+                xtx[:, placed[:, None], placed[None, :]] = part.xtx[:, keep[:, None], keep[None, :]]
+                xty[:, placed] = part.xty[:, keep]
                 self._mark_shared_batch_drafters(xtx)
                 vectors = (
                     part.yy,
@@ -483,6 +512,28 @@ class ThompsonEvidence:
         for b in np.flatnonzero(moved).tolist():
             self._refit(b)
         return moved, missing
+
+    def _cost_column(self, key: FeatureKey) -> int:
+        """Where a shared cost feature sits in this replica's layout; -1 where it has no
+        column for it (an arm beyond its ``k_columns``, a class without a slot or
+        beyond its ``class_columns``): the feature is then left out of the sums."""
+        cost = self.cost
+        kind = key[0]
+        if kind == "line":
+            return int(key[1])
+        if kind == "drafter":
+            return (
+                BASE_FEATURES + FEATURES_PER_DRAFTER * self.drafter_slot[str(key[1])] + int(key[2])
+            )
+        if kind == "arm":
+            arm = parse_arm(str(key[1]))
+            if arm.k > cost.k_columns:
+                return -1
+            return cost.arm_start + cost.k_columns * self.drafter_slot[arm.drafter] + arm.k - 1
+        class_slot = self.class_slot.get(str(key[1]), -1)
+        if not 0 <= class_slot < cost.class_columns:
+            return -1
+        return cost.class_start + cost.num_drafters * class_slot + self.drafter_slot[str(key[2])]
 
     def _refit(self, bucket: int) -> None:
         """Fit the bucket again after the fleet's statistics moved.

@@ -44,7 +44,8 @@ FORMAT = "specctl-fleet-evidence"
 # 3: the body's resets
 # 4: the cost model's decode and prefill tokens as two features
 # 5: batch-wide cost features filled for the engine's batch drafter only
-SCHEMA_VERSION = 5
+# 6: the cost model's arm and class columns, by name
+SCHEMA_VERSION = 6
 MAX_HEADER_BYTES = 4096
 # class resets an entry carries at most (the most recent, see PolicyBook.fleet_resets)
 MAX_RESETS = 256
@@ -99,6 +100,8 @@ def encode_entry(entry: Entry) -> bytes:
         body["cost"] = {
             "load_bucket_bounds": list(c.load_bucket_bounds),
             "drafters": list(c.drafters),
+            "arm_columns": list(c.arm_columns),
+            "class_columns": [list(pair) for pair in c.class_columns],
             **{name: _array(getattr(c, name)) for name in _COST_ARRAYS},
         }
     body["resets"] = {name: float(entry.resets[name]) for name in sorted(entry.resets)}
@@ -175,10 +178,25 @@ def read_body(body: bytes) -> tuple[SharedEvidence, dict[str, float]]:
                 isinstance(b, int) and not isinstance(b, bool) for b in bounds
             ):
                 raise EntryError("corrupt", "cost.load_bucket_bounds must be a list of integers")
+            pairs = c.get("class_columns")
+            if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
+                for p in pairs
+            ):
+                raise EntryError("corrupt", "cost.class_columns must be a list of [class, drafter]")
+            arrays = {name: _values(c, name) for name in _COST_ARRAYS}
             cost = SharedCost(
                 load_bucket_bounds=tuple(bounds),
                 drafters=_names(c, "drafters"),
-                **{name: _values(c, name) for name in _COST_ARRAYS},
+                xtx=arrays["xtx"],
+                xty=arrays["xty"],
+                yy=arrays["yy"],
+                steps=arrays["steps"],
+                load_steps=arrays["load_steps"],
+                load_batch_sum=arrays["load_batch_sum"],
+                load_extra_tokens_sum=arrays["load_extra_tokens_sum"],
+                arm_columns=_names(c, "arm_columns"),
+                class_columns=tuple((p[0], p[1]) for p in pairs),
             )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise EntryError("corrupt", f"body is not JSON: {exc}") from None

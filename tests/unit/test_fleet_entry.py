@@ -35,7 +35,7 @@ MAX = 1 << 20
 
 def evidence(seed: int = 0) -> SharedEvidence:
     rng = np.random.default_rng(seed)
-    f = num_features(2)
+    f = num_features(2) + 3  # two arms' own columns and one class's price
     x = rng.random((4, 50, f))
     return SharedEvidence(
         SharedAcceptance(
@@ -51,6 +51,8 @@ def evidence(seed: int = 0) -> SharedEvidence:
             np.einsum("bsi,bsj->bij", x, x),
             x.sum(axis=1),
             *(rng.random(4) * 10 for _ in range(5)),
+            arm_columns=("ngram/k=2", "eagle3/k=1"),
+            class_columns=(("chat", "ngram"),),
         ),
     )
 
@@ -83,6 +85,8 @@ def test_an_entry_round_trips_exactly() -> None:
     assert decoded.evidence.cost is not None and ev.cost is not None
     np.testing.assert_array_equal(decoded.evidence.cost.xtx, ev.cost.xtx)
     assert decoded.evidence.cost.load_bucket_bounds == (8, 32, 128)
+    assert decoded.evidence.cost.arm_columns == ("ngram/k=2", "eagle3/k=1")
+    assert decoded.evidence.cost.class_columns == (("chat", "ngram"),)
     assert decoded.resets == {"chat": 1.7e9 - 60.0}
     empty = decode_entry(entry(SharedEvidence(None, None)), max_bytes=MAX)
     assert empty.evidence == SharedEvidence(None, None)
@@ -93,7 +97,7 @@ def test_the_format_is_json_and_base64_float64() -> None:
     line, _, body = entry().partition(b"\n")
     header = json.loads(line)
     assert header["format"] == "specctl-fleet-evidence"
-    assert header["schema_version"] == SCHEMA_VERSION == 5
+    assert header["schema_version"] == SCHEMA_VERSION == 6
     assert header["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert json.loads(body)["resets"] == {"chat": 1.7e9 - 60.0}
     rounds = json.loads(body)["acceptance"]["rounds"]
@@ -118,10 +122,10 @@ def test_the_format_is_json_and_base64_float64() -> None:
             f"schema_version={SCHEMA_VERSION + 1}",
         ),
         (
-            # a sidecar of schema 4, whose n-gram drafter had batch-wide cost features
-            entry().replace(b'"schema_version":5', b'"schema_version":4', 1),
+            # a sidecar of schema 5, whose cost held the line's features only
+            entry().replace(b'"schema_version":6', b'"schema_version":5', 1),
             "foreign",
-            "schema_version=4",
+            "schema_version=5",
         ),
         (entry()[:-20], "corrupt", "body is"),
         (entry()[:-5] + b"AAAAA", "corrupt", "checksum"),
@@ -154,6 +158,19 @@ def test_a_bad_entry_is_refused_with_its_reason(data: bytes, reason: str, messag
         (lambda b: b["acceptance"].update(classes=["chat", "no spaces"]), "workload class"),
         (lambda b: b["cost"].update(load_bucket_bounds=[8, "32", 128]), "list of integers"),
         (lambda b: b["cost"].update(load_bucket_bounds=[32, 8, 128]), "strictly increasing"),
+        (lambda b: b["cost"].pop("arm_columns"), "arm_columns must be a list of names"),
+        (lambda b: b["cost"].update(class_columns=[["chat"]]), r"list of \[class, drafter\]"),
+        (
+            lambda b: b["cost"].update(arm_columns=["ngram/k=2", "medusa/k=1"]),
+            "'medusa/k=1' is not an arm of the drafters",
+        ),
+        (lambda b: b["cost"].update(arm_columns=["ngram/k=2", "off"]), "not an arm"),
+        (
+            lambda b: b["cost"].update(class_columns=[["chat", "eagle"]]),
+            "'eagle' is not one of the drafters",
+        ),
+        (lambda b: b["cost"].update(class_columns=[["no spaces", "ngram"]]), "workload class"),
+        (lambda b: b["cost"].update(class_columns=[]), r"xtx has shape \(4, 16, 16\)"),
         (
             lambda b: b["acceptance"]["rounds"].update(
                 float64=base64.b64encode(np.array([np.inf, 1.0]).tobytes()).decode()

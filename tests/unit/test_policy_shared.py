@@ -63,7 +63,13 @@ def same_contribution(a: SharedEvidence, b: SharedEvidence) -> None:
             )
     assert (a.cost is None) == (b.cost is None)
     if a.cost is not None and b.cost is not None:
-        for name in ("xtx", "xty", "yy", "steps", "load_steps", "load_batch_sum"):
+        # the columns by name: two replicas slot their classes in the order they met them
+        keys = a.cost.feature_keys()
+        assert sorted(keys) == sorted(b.cost.feature_keys())
+        order = np.array([keys.index(k) for k in b.cost.feature_keys()])
+        np.testing.assert_array_equal(a.cost.xtx[:, order[:, None], order], b.cost.xtx)
+        np.testing.assert_array_equal(a.cost.xty[:, order], b.cost.xty)
+        for name in ("yy", "steps", "load_steps", "load_batch_sum"):
             np.testing.assert_array_equal(getattr(a.cost, name), getattr(b.cost, name))
 
 
@@ -219,6 +225,41 @@ def test_contributions_sum_by_name_whatever_their_order() -> None:
     np.testing.assert_allclose(summed.xtx[:, eagle][:, :, eagle], expected)
     with pytest.raises(ValueError, match="load buckets differ"):
         sum_cost([one, SharedCost((8,), ("eagle",), *_zero_cost(2, 1))])
+
+
+def test_the_cost_sum_aligns_arm_and_class_columns_by_name() -> None:
+    def cost(arms: tuple[str, ...], pairs: tuple[tuple[str, str], ...], seed: int) -> SharedCost:
+        rng = np.random.default_rng(seed)
+        x = rng.random((1, 30, num_features(1) + len(arms) + len(pairs)))
+        return SharedCost(
+            (),
+            ("ngram",),
+            np.einsum("bsi,bsj->bij", x, x),
+            x.sum(axis=1),
+            *(np.ones(1) for _ in range(5)),
+            arm_columns=arms,
+            class_columns=pairs,
+        )
+
+    one = cost(("ngram/k=2", "ngram/k=1"), (("chat", "ngram"),), 1)
+    two = cost(("ngram/k=1",), (("code", "ngram"), ("chat", "ngram")), 2)
+    summed = sum_cost([one, two])
+    assert summed is not None
+    assert summed.arm_columns == ("ngram/k=2", "ngram/k=1")
+    assert summed.class_columns == (("chat", "ngram"), ("code", "ngram"))
+    keys = summed.feature_keys()
+    for key in (("arm", "ngram/k=1"), ("class", "chat", "ngram")):
+        both = [part.feature_keys().index(key) for part in (one, two)]
+        at = keys.index(key)
+        assert summed.xtx[0, at, at] == pytest.approx(
+            one.xtx[0, both[0], both[0]] + two.xtx[0, both[1], both[1]]
+        )
+    # a column one part has alone holds that part's sums
+    at, mine = (
+        keys.index(("class", "code", "ngram")),
+        two.feature_keys().index(("class", "code", "ngram")),
+    )
+    assert summed.xty[0, at] == two.xty[0, mine]
 
 
 def _zero_cost(buckets: int, drafters: int) -> tuple[np.ndarray, ...]:

@@ -982,6 +982,31 @@ def test_a_class_whose_rounds_cost_more_gets_its_own_price(seed: int) -> None:
     assert _class_prices(_two_class_policy(0, 200, seed)) == {"long": 0.0, "short": 0.0}
 
 
+def test_a_class_price_and_an_arms_column_reach_a_cold_replica_through_the_fleet() -> None:
+    """What one replica learned of a class's own price and of an arm's own column is
+    shared by name: a cold replica that slots its classes in another order merges it
+    into its own columns and prices the classes and the arms as the peer does."""
+    for peer, prices in (
+        (_two_class_policy(16, 1500), True),
+        (_kinked_policy(16, 600), False),
+    ):
+        cold = make_policy("specctl", {})
+        assert isinstance(cold, SpecctlPolicy)
+        cold.set_arms(arms_for(NGRAM.items()))
+        cold.learned.slot_of_class("met-first")  # its classes sit in other slots
+        cold.merge_shared(peer.contribution())
+        if prices:
+            mine, theirs = _class_prices(cold), _class_prices(peer)
+            assert theirs["long"] > 0.0 > theirs["short"], theirs
+            assert cold.learned.class_slot["long"] != peer.learned.class_slot["long"]
+            for name in ("long", "short"):
+                assert mine[name] == pytest.approx(theirs[name], rel=0.2), (mine, theirs)
+        else:
+            mine_t, theirs_t = _step_times(cold), _step_times(peer)
+            assert theirs_t[4] - theirs_t[3] > 0.02, theirs_t
+            assert mine_t[4] - mine_t[3] == pytest.approx(theirs_t[4] - theirs_t[3], rel=0.2)
+
+
 def test_a_class_price_counts_nothing_until_the_steps_show_it_and_goes_with_its_slot() -> None:
     """With a handful of steps a class costs the mix's price; a class slot handed to
     another class drops the price the slot had learned."""
