@@ -28,6 +28,18 @@ probability matching, with the sampling done by the engines. Why this rule:
 - structure enters through the posterior, not the rule: one K=5 round
   sharpens K=1..4, and one step time sharpens every arm's cost.
 
+Tempered draws. Each posterior draw can be taken at ``posterior_scale``
+times the posterior's own spread (the mean plus ``posterior_scale`` times a
+draw of its deviation; 1 by default). The posterior is deliberately wide where
+it cannot be exact: a drafter's positions are drawn correlated, an arm's own
+measurement as if it held a quarter of its rounds, a cost coefficient no step
+separates at its prior; probability matching on it keeps arms within a few
+percent of each other sharing the distribution for a long time, and each is
+paid. Below 1 the same evidence concentrates the distribution sooner, but the
+switch-off reads the same narrower draws and decides on less evidence, so a
+class that speculation helps can be switched off wrongly and left to its
+probes: the default stays 1 (docs/learning.md, "Tempered draws").
+
 The posterior probabilities are computed by Monte Carlo with ``num_samples``
 draws per context, from standard normal draws fixed at construction from
 ``seed``: decisions are deterministic given the reports

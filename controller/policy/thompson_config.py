@@ -45,6 +45,7 @@ class SpecctlConfig:
     prior_token_s: float = 2e-5
     prior_cost_spread: float = 0.3
     num_samples: int = 256
+    posterior_scale: float = 1.0
     seed: int = 0
     load_bucket_bounds: Sequence[int] = field(default=DEFAULT_LOAD_BUCKET_BOUNDS)
     max_classes: int = 256
@@ -88,6 +89,9 @@ class SpecctlConfig:
                 "prior_cost_spread", self.prior_cost_spread, 0.0, 1e6, lo_open=True
             ),
             "num_samples": integer("num_samples", self.num_samples, 16, 1 << 16),
+            "posterior_scale": real(
+                "posterior_scale", self.posterior_scale, 0.0, 4.0, lo_open=True
+            ),
             "seed": integer("seed", self.seed, 0, (1 << 63) - 1),
             "load_bucket_bounds": bucket_bounds(self.load_bucket_bounds),
             "max_classes": integer("max_classes", self.max_classes, 1, 1 << 16),

@@ -110,6 +110,12 @@ class PosteriorDraws:
         common = rng.standard_normal((cfg.num_samples, cfg.max_drafters, 1), dtype=np.float32)
         rho = _POSITION_CORRELATION
         self._z_acceptance = np.sqrt(rho) * common + np.sqrt(1.0 - rho) * self._z_acceptance
+        # every draw's spread, relative to the posterior's (see SpecctlConfig.posterior_scale)
+        scale = np.float32(cfg.posterior_scale)
+        if scale != 1.0:
+            self._z_acceptance *= scale
+            self._z_cost *= scale
+            self._z_arm_tokens *= scale
 
     def _lay_out_arms(self, offered: list[Arm], spec: list[Arm]) -> None:
         """Lay the offered arms (``off``, then ``spec``: each drafter's by K) out on the

@@ -1019,3 +1019,19 @@ def test_a_class_price_counts_nothing_until_the_steps_show_it_and_goes_with_its_
     assert learned.cost.class_price(0, slot) is None
     cols = slice(learned.cost.class_start + slot * learned.cost.num_drafters, None)
     assert not learned.cost.xtx[:, cols][:, : learned.cost.num_drafters].any()
+
+
+def test_tempered_draws_concentrate_on_the_same_evidence() -> None:
+    """``posterior_scale`` below 1 narrows every draw around the same posterior mean: on the
+    same reports the distribution holds more on its most likely arm."""
+    wide, narrow = specctl(), specctl(posterior_scale=0.5)
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7}, seed=5)
+    for _ in range(40):
+        env.run_step(wide, "chat", 0, 8)
+    for batch in env.batches:
+        narrow.update_params(batch)
+    w, n = wide.select_action("chat", 0), narrow.select_action("chat", 0)
+    assert w.explanation.startswith("thompson") and n.explanation.startswith("thompson")
+    assert n.probability_of(n.mode) > w.probability_of(w.mode) + 0.05, (w, n)
+    with pytest.raises(ValueError, match="posterior_scale"):
+        make_policy("specctl", {"posterior_scale": 0.0})
