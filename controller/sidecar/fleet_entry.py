@@ -184,19 +184,13 @@ def read_body(body: bytes) -> tuple[SharedEvidence, dict[str, float]]:
                 for p in pairs
             ):
                 raise EntryError("corrupt", "cost.class_columns must be a list of [class, drafter]")
-            arrays = {name: _values(c, name) for name in _COST_ARRAYS}
+            arrays: dict[str, Any] = {name: _values(c, name) for name in _COST_ARRAYS}
             cost = SharedCost(
                 load_bucket_bounds=tuple(bounds),
                 drafters=_names(c, "drafters"),
-                xtx=arrays["xtx"],
-                xty=arrays["xty"],
-                yy=arrays["yy"],
-                steps=arrays["steps"],
-                load_steps=arrays["load_steps"],
-                load_batch_sum=arrays["load_batch_sum"],
-                load_extra_tokens_sum=arrays["load_extra_tokens_sum"],
                 arm_columns=_names(c, "arm_columns"),
                 class_columns=tuple((p[0], p[1]) for p in pairs),
+                **arrays,
             )
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise EntryError("corrupt", f"body is not JSON: {exc}") from None
