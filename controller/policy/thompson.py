@@ -28,17 +28,19 @@ probability matching, with the sampling done by the engines. Why this rule:
 - structure enters through the posterior, not the rule: one K=5 round
   sharpens K=1..4, and one step time sharpens every arm's cost.
 
-Tempered draws. Each posterior draw can be taken at ``posterior_scale``
-times the posterior's own spread (the mean plus ``posterior_scale`` times a
-draw of its deviation; 1 by default). The posterior is deliberately wide where
-it cannot be exact: a drafter's positions are drawn correlated, an arm's own
-measurement as if it held a quarter of its rounds, a cost coefficient no step
-separates at its prior; probability matching on it keeps arms within a few
-percent of each other sharing the distribution for a long time, and each is
-paid. Below 1 the same evidence concentrates the distribution sooner, but the
-switch-off reads the same narrower draws and decides on less evidence, so a
-class that speculation helps can be switched off wrongly and left to its
-probes: the default stays 1 (docs/learning.md, "Tempered draws").
+Tempered draws. The choice among the speculative arms can be made from
+draws tempered to ``posterior_scale`` times the posterior's spread (each arm's
+goodput draws pulled toward its posterior mean; 1 by default). The posterior
+is deliberately wide where it cannot be exact: a drafter's positions are drawn
+correlated, an arm's own measurement as if it held a quarter of its rounds, a
+cost coefficient no step separates at its prior; probability matching on it
+keeps arms within a few percent of each other sharing the distribution for a
+long time, and each is paid. ``off`` keeps its untempered probability of being
+best, and the switch-off and the probes read the untempered posterior: a
+narrower posterior there switches a class off on less evidence, and a class
+that speculation helps is then left to its probes. Only how the speculating
+share splits over drafters and K is tempered (docs/learning.md, "Tempered
+draws").
 
 The posterior probabilities are computed by Monte Carlo with ``num_samples``
 draws per context, from standard normal draws fixed at construction from
@@ -392,7 +394,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
                     f"mostly {arms[top]}"
                 )
         else:
-            probs = p_best
+            probs = self._speculating_shares(samples, p_best)
             mode = int(np.argmax(probs))
             explanation = f"thompson: {arms[mode]} P(best)={probs[mode]:.2f}"
             control = self._control_share(slot, bucket, samples, mode)
@@ -401,6 +403,23 @@ class SpecctlPolicy(PosteriorDraws, Policy):
                 probs[0] += control
                 explanation += f"; off {_percent(control)} as control"
         return self._with_cold_start(slot, probs, explanation)
+
+    def _speculating_shares(self, samples: ContextDraws, p_best: np.ndarray) -> np.ndarray:
+        """The distribution of a context that speculates: ``off`` at its posterior
+        probability of being best, the rest split among the speculative arms by their
+        probability of being best in draws tempered to ``posterior_scale`` (see the module
+        docstring, "Tempered draws"). At 1 it is ``p_best`` itself."""
+        scale = self.config.posterior_scale
+        if scale == 1.0:
+            return p_best
+        tempered = samples.tempered(scale)
+        split = tempered.prob_best()[1:]
+        if split.sum() <= 0.0:  # every tempered draw has off ahead: split by the best of the rest
+            split = tempered.prob_best_speculating()[1:]
+        probs = np.empty_like(p_best)
+        probs[0] = p_best[0]
+        probs[1:] = (1.0 - p_best[0]) * split / split.sum()
+        return probs
 
     def _with_cold_start(self, slot: int | None, probs: np.ndarray, explanation: str) -> Decision:
         """The decision mixed with ``prior_arm`` while the class is young, whichever way it
@@ -509,10 +528,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         """
         if len(self._arms) < 2:
             return None
-        spec = samples.goodput[:, 1:]
-        best = np.argmax(spec, axis=1) + 1
-        probe = np.bincount(best, minlength=len(self._arms)).astype(np.float64)
-        return probe / probe.sum()
+        return samples.prob_best_speculating()
 
     # -- explaining -----------------------------------------------------------
 

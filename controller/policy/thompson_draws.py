@@ -65,6 +65,22 @@ class ContextDraws:
         best = np.argmax(self.goodput, axis=1)
         return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
 
+    def prob_best_speculating(self) -> np.ndarray:
+        """Per arm, the probability that it is the best of the speculative arms (0 for
+        ``off``, the first)."""
+        best = np.argmax(self.goodput[:, 1:], axis=1) + 1
+        return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
+
+    def tempered(self, scale: float) -> ContextDraws:
+        """The draws with each arm's goodput pulled toward its posterior mean, to ``scale``
+        times its spread: the same means, the same correlations between arms, a narrower
+        posterior."""
+        if scale == 1.0:
+            return self
+        mean = self.goodput.mean(axis=0, keepdims=True)
+        goodput = mean + np.float32(scale) * (self.goodput - mean)
+        return ContextDraws(goodput.astype(np.float32), self.tokens, self.step_time_s)
+
 
 class PosteriorDraws:
     """Posterior draws of the offered arms' tokens, step time and goodput per context, cached."""
@@ -110,12 +126,6 @@ class PosteriorDraws:
         common = rng.standard_normal((cfg.num_samples, cfg.max_drafters, 1), dtype=np.float32)
         rho = _POSITION_CORRELATION
         self._z_acceptance = np.sqrt(rho) * common + np.sqrt(1.0 - rho) * self._z_acceptance
-        # every draw's spread, relative to the posterior's (see SpecctlConfig.posterior_scale)
-        scale = np.float32(cfg.posterior_scale)
-        if scale != 1.0:
-            self._z_acceptance *= scale
-            self._z_cost *= scale
-            self._z_arm_tokens *= scale
 
     def _lay_out_arms(self, offered: list[Arm], spec: list[Arm]) -> None:
         """Lay the offered arms (``off``, then ``spec``: each drafter's by K) out on the

@@ -1021,9 +1021,10 @@ def test_a_class_price_counts_nothing_until_the_steps_show_it_and_goes_with_its_
     assert not learned.cost.xtx[:, cols][:, : learned.cost.num_drafters].any()
 
 
-def test_tempered_draws_concentrate_on_the_same_evidence() -> None:
-    """``posterior_scale`` below 1 narrows every draw around the same posterior mean: on the
-    same reports the distribution holds more on its most likely arm."""
+def test_tempered_draws_concentrate_the_speculative_arms_and_leave_off_alone() -> None:
+    """``posterior_scale`` below 1 tempers the choice among the speculative arms only: on
+    the same reports the distribution holds more on its most likely arm, and ``off`` keeps
+    exactly its posterior probability of being best."""
     wide, narrow = specctl(), specctl(posterior_scale=0.5)
     env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.7}, seed=5)
     for _ in range(40):
@@ -1033,5 +1034,25 @@ def test_tempered_draws_concentrate_on_the_same_evidence() -> None:
     w, n = wide.select_action("chat", 0), narrow.select_action("chat", 0)
     assert w.explanation.startswith("thompson") and n.explanation.startswith("thompson")
     assert n.probability_of(n.mode) > w.probability_of(w.mode) + 0.05, (w, n)
+    assert n.probability_of(OFF) == pytest.approx(w.probability_of(OFF), abs=1e-12), (w, n)
     with pytest.raises(ValueError, match="posterior_scale"):
         make_policy("specctl", {"posterior_scale": 0.0})
+
+
+def test_tempered_draws_switch_off_on_the_same_evidence() -> None:
+    """The switch-off reads the untempered posterior: on the same reports a class where
+    speculation loses switches off at the same step however narrow the choice among the
+    speculative arms."""
+    wide, narrow = specctl(), specctl(posterior_scale=0.3)
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={"ngram": 0.05}, base_s=0.02, token_s=1e-4, pass_s=5e-4
+    )
+    for step in range(3000):
+        env.run_step(wide, "chat", 2, 64)
+        narrow.update_params(env.batches[-1])
+        assert narrow.switch_off.contexts == wide.switch_off.contexts, step
+        if ("chat", 2) in wide.switch_off.contexts:
+            break
+    assert ("chat", 2) in narrow.switch_off.contexts
+    w, n = wide.select_action("chat", 2), narrow.select_action("chat", 2)
+    assert n.probability_of(OFF) == pytest.approx(w.probability_of(OFF), abs=1e-12), (w, n)
