@@ -99,9 +99,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -150,15 +150,21 @@ class Replica:
         return float((self.engine.record.rounds * lost).sum())
 
 
-def fresh_policy() -> Policy:
-    return make_policy("specctl", {})
-
-
 def make_replica(
-    scenario: Scenario, seed: int, index: int, report_every: int, warm: bytes | None = None
+    scenario: Scenario,
+    seed: int,
+    index: int,
+    report_every: int,
+    warm: bytes | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> Replica:
     """Replica ``index`` of a fleet of this seed: its streams depend on the seed and the
-    index alone. ``warm``: an encoded snapshot its book starts from (None: the prior)."""
+    index alone. ``warm``: an encoded snapshot its book starts from (None: the prior);
+    ``params``: specctl's parameters (None: its defaults)."""
+
+    def fresh_policy() -> Policy:
+        return make_policy("specctl", dict(params or {}))
+
     world = World(scenario, np.random.default_rng([seed, index, 0]), independent_draws=True)
     book = PolicyBook(fresh_policy(), max_classes=max(64, len(scenario.model.classes) + 1))
     if warm is not None:
@@ -172,10 +178,12 @@ def make_replica(
     return Replica(world, book, link, engine)
 
 
-def learn_warm_state(scenario: Scenario, seed: int, report_every: int) -> bytes:
+def learn_warm_state(
+    scenario: Scenario, seed: int, report_every: int, params: Mapping[str, Any] | None = None
+) -> bytes:
     """What one replica knows after the scenario's steps, as its sidecar's snapshot file
     holds it."""
-    replica = make_replica(scenario, seed, TEACHER_INDEX, report_every)
+    replica = make_replica(scenario, seed, TEACHER_INDEX, report_every, params=params)
     replica.engine.run(scenario.steps)
     return snapshot.encode(snapshot.capture(replica.book, snapshot.IngestWatermarks()))
 
@@ -221,6 +229,7 @@ def run_fleet(
     seed: int,
     report_every: int,
     warm: bytes | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One fleet over the scenario's steps of total traffic, started cold or from
     ``warm``; its regret over time and at the end.
@@ -229,7 +238,7 @@ def run_fleet(
     own entry and then merging the others' latest: as rounds out of phase do, a
     replica reads some entries of this round and some of the previous one.
     """
-    fleet = [make_replica(scenario, seed, i, report_every, warm) for i in range(replicas)]
+    fleet = [make_replica(scenario, seed, i, report_every, warm, params) for i in range(replicas)]
     steps = scenario.steps // replicas
     rounds = set(round_steps(steps, exchange_steps))
     order = np.random.default_rng([seed, replicas, 2])
@@ -415,6 +424,7 @@ class Setup:
     steps: int
     exchange_steps: int
     report_every: int
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def scenario(self) -> Scenario:
         (scenario,) = build_scenarios(SCENARIO, self.steps)
@@ -422,7 +432,7 @@ class Setup:
 
 
 def warm_state_task(setup: Setup, seed: int) -> bytes:
-    return learn_warm_state(setup.scenario(), seed, setup.report_every)
+    return learn_warm_state(setup.scenario(), seed, setup.report_every, setup.params)
 
 
 def fleet_task(
@@ -436,6 +446,7 @@ def fleet_task(
         seed=seed,
         report_every=setup.report_every,
         warm=warm,
+        params=setup.params,
     )
 
 
@@ -461,6 +472,21 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_params(text: str) -> dict[str, Any]:
+    """specctl's parameters from ``--params``: a JSON object, checked by the policy."""
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--params is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise argparse.ArgumentTypeError(f"--params must be a JSON object, not {text!r}")
+    try:
+        make_policy("specctl", params)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return params
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=32000, help="total steps of the fleet")
@@ -476,11 +502,17 @@ def main() -> int:
     )
     parser.add_argument("--jobs", type=int, default=1, help="processes to run the runs in")
     parser.add_argument("--out", type=Path, default=Path("fleet-out"))
+    parser.add_argument(
+        "--params",
+        type=parse_params,
+        default={},
+        help="specctl's parameters for every replica, as JSON, e.g. '{\"fleet_max_rounds\": 8e5}'",
+    )
     args = parser.parse_args()
     (scenario,) = build_scenarios(SCENARIO, args.steps)
     step_s = scenario.model.base_step_time_s(scenario.batch)
     exchange_steps = max(1, round(args.exchange_s / step_s))
-    setup = Setup(args.steps, exchange_steps, args.report_every)
+    setup = Setup(args.steps, exchange_steps, args.report_every, args.params)
     print(
         f"{SCENARIO}: batch {scenario.batch}, a plain step {1000 * step_s:.1f} ms: a round "
         f"every {args.exchange_s:g} s of engine time is every {exchange_steps} steps",
@@ -535,6 +567,7 @@ def main() -> int:
                 "exchange_s": args.exchange_s,
                 "exchange_steps": exchange_steps,
                 "seeds": args.seeds,
+                "params": args.params,
                 "runs": [run for seed in args.seeds for run in by_seed[seed]],
             },
             indent=1,

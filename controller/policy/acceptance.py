@@ -73,6 +73,7 @@ class AcceptanceModel:
         prior_mean: float,
         prior_strength: float,
         max_rounds: float,
+        fleet_max_rounds: float | None = None,
         recent_discount: float | None = None,
         recent_max_rounds: float = 500.0,
         change_z: float = 5.0,
@@ -82,6 +83,8 @@ class AcceptanceModel:
         self.prior_success = prior_mean * prior_strength
         self.prior_failure = (1.0 - prior_mean) * prior_strength
         self.max_rounds = max_rounds
+        # the cap on this replica's and the fleet's rounds together (see weigh_shared)
+        self.fleet_max_rounds = fleet_max_rounds or max_rounds
         # without a recent window (None), there is one memory and no change detection
         self.recent_discount = recent_discount
         self.recent_max_rounds = min(recent_max_rounds, max_rounds)
@@ -325,9 +328,11 @@ class AcceptanceModel:
         takes into its posterior, after the fleet's evidence or this replica's changed.
 
         The fleet's counts fill in what this replica has not seen, up to the
-        ``max_rounds`` cap its own long counts have: rounds of one step and of one
-        request are correlated, a hundred replicas' no less than one's, so the
-        cap bounds how certain a class can become however many replicas run it.
+        ``fleet_max_rounds`` cap, by default the ``max_rounds`` its own long counts
+        have: rounds of one step and of one request are correlated, a hundred
+        replicas' no less than one's, so the cap bounds how certain a class can
+        become however many replicas run it. A larger fleet cap lets a fleet hold
+        more than one replica's memory (docs/fleet.md).
         A new replica then decides on the fleet's evidence and a busy one on its
         own. And where the fleet's rate at a position differs from this replica's
         recent window by the change test's margin (``change_min_shift`` and
@@ -344,7 +349,7 @@ class AcceptanceModel:
         shared = self.shared_counts[class_slots]
         n_shared = shared[..., 0, 0] + shared[..., 1, 0]
         own = self.counts[class_slots]
-        room = self.max_rounds - (own[..., 0, 0] + own[..., 1, 0])
+        room = self.fleet_max_rounds - (own[..., 0, 0] + own[..., 1, 0])
         weight = np.clip(room / np.maximum(n_shared, 1e-12), 0.0, 1.0)
         weight[n_shared <= 0.0] = 0.0
         disagree = np.zeros(weight.shape, dtype=bool)

@@ -163,6 +163,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             prior_mean=cfg.prior_acceptance,
             prior_strength=cfg.prior_strength,
             max_rounds=cfg.max_rounds,
+            fleet_max_rounds=cfg.fleet_max_rounds,
             recent_discount=cfg.recent_discount,
             change_z=cfg.change_z,
             change_min_shift=cfg.change_min_shift,

@@ -3,6 +3,7 @@ a replica started from a learned state pays less regret than one started cold.""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -112,3 +113,19 @@ def test_regret_over_one_learned_replica_takes_one_mark_for_every_fleet(
     assert [r["regret_over_one_learned_tokens"] for r in runs] == [10.0, -5.0]
     with pytest.raises(AssertionError):
         fleet_regret.add_regret_over_one_learned(runs[1:])
+
+
+def test_every_replica_runs_the_parameters_given(fleet_regret: ModuleType) -> None:
+    setup = fleet_regret.Setup(STEPS, exchange_steps=107, report_every=8)
+    params = fleet_regret.parse_params('{"fleet_max_rounds": 800000}')
+    replica = fleet_regret.make_replica(setup.scenario(), 0, 3, 8, params=params)
+    assert replica.book.policy.config.fleet_max_rounds == 800000
+    default = fleet_regret.make_replica(setup.scenario(), 0, 3, 8)
+    assert default.book.policy.config.fleet_max_rounds == 0.0
+    for bad, message in (
+        ("[1]", "JSON object"),
+        ("{", "not JSON"),
+        ('{"fleet_max_rounds": 10}', "fleet_max_rounds"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            fleet_regret.parse_params(bad)

@@ -134,6 +134,29 @@ def test_the_fleet_fills_in_only_what_the_replicas_own_memory_would_hold() -> No
     assert merged == pytest.approx(max_rounds)
 
 
+def test_a_fleet_cap_lets_the_fleet_hold_more_than_one_replicas_memory() -> None:
+    """``fleet_max_rounds`` caps this replica's and the fleet's rounds together: above
+    ``max_rounds`` the fleet's evidence is merged whole where one replica's memory would
+    have held part of it, and the replica's own counts keep their cap."""
+    max_rounds = 2000.0
+    peer = specctl(max_rounds=max_rounds)
+    busy = specctl(max_rounds=max_rounds, fleet_max_rounds=10 * max_rounds)
+    learn(peer, "chat", 0.9, 400)
+    learn(busy, "chat", 0.9, 150, seed=2)
+    busy.merge_shared(peer.contribution())
+    acc = busy.learned.acceptance
+    slot = busy.learned.class_slot["chat"]
+    d = busy.learned.drafter_slot["ngram"]
+    own = acc.counts[slot, d, :, 0].sum()
+    fleet = acc.shared_counts[slot, d, :, 0].sum()
+    alpha, beta = acc.posterior(slot, np.array([d]), 1)
+    merged = float(alpha[0, 0] + beta[0, 0]) - acc.prior_success - acc.prior_failure
+    assert own <= max_rounds < own + fleet < 10 * max_rounds
+    assert merged == pytest.approx(own + fleet)
+    with pytest.raises(ValueError, match="fleet_max_rounds"):
+        specctl(max_rounds=max_rounds, fleet_max_rounds=max_rounds / 2)
+
+
 def test_a_change_seen_here_first_sets_the_fleets_acceptance_aside_until_it_agrees() -> None:
     peer, here = specctl(), specctl()
     learn(peer, "chat", 0.9, 300)
