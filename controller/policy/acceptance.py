@@ -83,8 +83,9 @@ class AcceptanceModel:
         self.prior_success = prior_mean * prior_strength
         self.prior_failure = (1.0 - prior_mean) * prior_strength
         self.max_rounds = max_rounds
-        # the cap on this replica's and the fleet's rounds together (see weigh_shared)
-        self.fleet_max_rounds = fleet_max_rounds or max_rounds
+        # the cap on this replica's and the fleet's rounds together, never below its own
+        # (see weigh_shared)
+        self.fleet_max_rounds = max(fleet_max_rounds or 0.0, max_rounds)
         # without a recent window (None), there is one memory and no change detection
         self.recent_discount = recent_discount
         self.recent_max_rounds = min(recent_max_rounds, max_rounds)
@@ -328,11 +329,14 @@ class AcceptanceModel:
         takes into its posterior, after the fleet's evidence or this replica's changed.
 
         The fleet's counts fill in what this replica has not seen, up to the
-        ``fleet_max_rounds`` cap, by default the ``max_rounds`` its own long counts
-        have: rounds of one step and of one request are correlated, a hundred
-        replicas' no less than one's, so the cap bounds how certain a class can
-        become however many replicas run it. A larger fleet cap lets a fleet hold
-        more than one replica's memory (docs/fleet.md).
+        ``fleet_max_rounds`` cap (never below the ``max_rounds`` its own long counts
+        have). Rounds of one step and of one request are correlated, a hundred
+        replicas' no less than one's, so a cap bounds how certain a class can become
+        however many replicas run it; but at one replica's cap a fleet holds no
+        more than one replica would, and each replica keeps exploring as one
+        replica does, on a sixteenth of the traffic. The default holds sixteen
+        replicas' own memories (docs/fleet.md, "A fleet cap above one replica's
+        memory").
         A new replica then decides on the fleet's evidence and a busy one on its
         own. And where the fleet's rate at a position differs from this replica's
         recent window by the change test's margin (``change_min_shift`` and

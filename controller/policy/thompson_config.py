@@ -40,8 +40,7 @@ class SpecctlConfig:
     prior_acceptance: float = 0.6
     prior_strength: float = 4.0
     max_rounds: float = 50000.0
-    # 0: max_rounds
-    fleet_max_rounds: float = 0.0
+    fleet_max_rounds: float = 800000.0
     model_rounds: float = 200.0
     prior_step_s: float = 0.02
     prior_token_s: float = 2e-5
@@ -84,7 +83,7 @@ class SpecctlConfig:
             ),
             "prior_strength": real("prior_strength", self.prior_strength, 0.0, 1e6, lo_open=True),
             "max_rounds": real("max_rounds", self.max_rounds, 1.0, 1e12),
-            "fleet_max_rounds": real("fleet_max_rounds", self.fleet_max_rounds, 0.0, 1e12),
+            "fleet_max_rounds": real("fleet_max_rounds", self.fleet_max_rounds, 1.0, 1e12),
             "model_rounds": real("model_rounds", self.model_rounds, 0.0, 1e12),
             "prior_step_s": real("prior_step_s", self.prior_step_s, 0.0, 3600.0, lo_open=True),
             "prior_token_s": real("prior_token_s", self.prior_token_s, 0.0, 60.0),
@@ -106,11 +105,6 @@ class SpecctlConfig:
             raise ValueError(
                 f"recent_discount={self.recent_discount!r} must not exceed "
                 f"discount={self.discount!r}: the recent window is the shorter memory"
-            )
-        if 0.0 < checked["fleet_max_rounds"] < checked["max_rounds"]:
-            raise ValueError(
-                f"fleet_max_rounds={self.fleet_max_rounds!r} must be 0 (max_rounds) or at "
-                f"least max_rounds={self.max_rounds!r}: the fleet's cap holds this replica's"
             )
         if checked["switch_on_confidence"] > checked["switch_off_confidence"]:
             raise ValueError(

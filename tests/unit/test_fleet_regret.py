@@ -121,11 +121,11 @@ def test_every_replica_runs_the_parameters_given(fleet_regret: ModuleType) -> No
     replica = fleet_regret.make_replica(setup.scenario(), 0, 3, 8, params=params)
     assert replica.book.policy.config.fleet_max_rounds == 800000
     default = fleet_regret.make_replica(setup.scenario(), 0, 3, 8)
-    assert default.book.policy.config.fleet_max_rounds == 0.0
+    assert default.book.policy.config.fleet_max_rounds == 800000
     for bad, message in (
         ("[1]", "JSON object"),
         ("{", "not JSON"),
-        ('{"fleet_max_rounds": 10}', "fleet_max_rounds"),
+        ('{"fleet_max_rounds": 0}', "fleet_max_rounds"),
     ):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             fleet_regret.parse_params(bad)

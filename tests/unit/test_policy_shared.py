@@ -118,9 +118,10 @@ def test_merging_never_leaks_into_what_a_replica_shares_nor_counts_twice() -> No
         )
 
 
-def test_the_fleet_fills_in_only_what_the_replicas_own_memory_would_hold() -> None:
+def test_the_fleet_fills_in_only_what_the_fleet_cap_would_hold() -> None:
     max_rounds = 2000.0
-    peer, busy = specctl(max_rounds=max_rounds), specctl(max_rounds=max_rounds)
+    peer = specctl(max_rounds=max_rounds)
+    busy = specctl(max_rounds=max_rounds, fleet_max_rounds=max_rounds)
     learn(peer, "chat", 0.9, 400)
     learn(busy, "chat", 0.9, 150, seed=2)
     busy.merge_shared(peer.contribution())
@@ -137,7 +138,7 @@ def test_the_fleet_fills_in_only_what_the_replicas_own_memory_would_hold() -> No
 def test_a_fleet_cap_lets_the_fleet_hold_more_than_one_replicas_memory() -> None:
     """``fleet_max_rounds`` caps this replica's and the fleet's rounds together: above
     ``max_rounds`` the fleet's evidence is merged whole where one replica's memory would
-    have held part of it, and the replica's own counts keep their cap."""
+    have held part of it (the test above), and the replica's own counts keep their cap."""
     max_rounds = 2000.0
     peer = specctl(max_rounds=max_rounds)
     busy = specctl(max_rounds=max_rounds, fleet_max_rounds=10 * max_rounds)
@@ -153,8 +154,11 @@ def test_a_fleet_cap_lets_the_fleet_hold_more_than_one_replicas_memory() -> None
     merged = float(alpha[0, 0] + beta[0, 0]) - acc.prior_success - acc.prior_failure
     assert own <= max_rounds < own + fleet < 10 * max_rounds
     assert merged == pytest.approx(own + fleet)
-    with pytest.raises(ValueError, match="fleet_max_rounds"):
-        specctl(max_rounds=max_rounds, fleet_max_rounds=max_rounds / 2)
+    # a fleet cap below this replica's own counts as its own
+    assert (
+        specctl(max_rounds=max_rounds, fleet_max_rounds=10.0).learned.acceptance.fleet_max_rounds
+        == max_rounds
+    )
 
 
 def test_a_change_seen_here_first_sets_the_fleets_acceptance_aside_until_it_agrees() -> None:
