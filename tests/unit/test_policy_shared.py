@@ -118,40 +118,38 @@ def test_merging_never_leaks_into_what_a_replica_shares_nor_counts_twice() -> No
         )
 
 
-def test_the_fleet_fills_in_only_what_the_fleet_cap_would_hold() -> None:
-    max_rounds = 2000.0
-    peer = specctl(max_rounds=max_rounds)
-    busy = specctl(max_rounds=max_rounds, fleet_max_rounds=max_rounds)
+MAX_ROUNDS = 2000.0
+
+
+def rounds_after_a_merge(fleet_max_rounds: float) -> tuple[float, float, float]:
+    """A busy replica (``max_rounds`` 2,000) merges a peer's long run of one class: its
+    own rounds, the fleet's, and the rounds its posterior holds at the first position."""
+    peer = specctl(max_rounds=MAX_ROUNDS)
+    busy = specctl(max_rounds=MAX_ROUNDS, fleet_max_rounds=fleet_max_rounds)
     learn(peer, "chat", 0.9, 400)
     learn(busy, "chat", 0.9, 150, seed=2)
     busy.merge_shared(peer.contribution())
     acc = busy.learned.acceptance
     slot = busy.learned.class_slot["chat"]
     d = busy.learned.drafter_slot["ngram"]
-    own = acc.counts[slot, d, :, 0].sum()
     alpha, beta = acc.posterior(slot, np.array([d]), 1)
     merged = float(alpha[0, 0] + beta[0, 0]) - acc.prior_success - acc.prior_failure
-    assert own < max_rounds < own + acc.shared_counts[slot, d, :, 0].sum()
-    assert merged == pytest.approx(max_rounds)
+    own = float(acc.counts[slot, d, :, 0].sum())
+    return own, float(acc.shared_counts[slot, d, :, 0].sum()), merged
+
+
+def test_the_fleet_fills_in_only_what_the_fleet_cap_would_hold() -> None:
+    own, fleet, merged = rounds_after_a_merge(fleet_max_rounds=MAX_ROUNDS)
+    assert own < MAX_ROUNDS < own + fleet
+    assert merged == pytest.approx(MAX_ROUNDS)
 
 
 def test_a_fleet_cap_lets_the_fleet_hold_more_than_one_replicas_memory() -> None:
     """``fleet_max_rounds`` caps this replica's and the fleet's rounds together: above
     ``max_rounds`` the fleet's evidence is merged whole where one replica's memory would
     have held part of it (the test above), and the replica's own counts keep their cap."""
-    max_rounds = 2000.0
-    peer = specctl(max_rounds=max_rounds)
-    busy = specctl(max_rounds=max_rounds, fleet_max_rounds=10 * max_rounds)
-    learn(peer, "chat", 0.9, 400)
-    learn(busy, "chat", 0.9, 150, seed=2)
-    busy.merge_shared(peer.contribution())
-    acc = busy.learned.acceptance
-    slot = busy.learned.class_slot["chat"]
-    d = busy.learned.drafter_slot["ngram"]
-    own = acc.counts[slot, d, :, 0].sum()
-    fleet = acc.shared_counts[slot, d, :, 0].sum()
-    alpha, beta = acc.posterior(slot, np.array([d]), 1)
-    merged = float(alpha[0, 0] + beta[0, 0]) - acc.prior_success - acc.prior_failure
+    max_rounds = MAX_ROUNDS
+    own, fleet, merged = rounds_after_a_merge(fleet_max_rounds=10 * max_rounds)
     assert own <= max_rounds < own + fleet < 10 * max_rounds
     assert merged == pytest.approx(own + fleet)
     # a fleet cap below this replica's own counts as its own
