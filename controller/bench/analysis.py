@@ -17,7 +17,9 @@ For one repetition ``r``:
   ``O(p, r)`` is the sum over classes of that arm's class goodput in
   repetition r, ``O(r)`` its phase-weighted mean;
 - the **best single static arm**: the arm (the same for every class and phase)
-  with the highest median ``G(a, r)``; **no speculation** is ``static:off``.
+  with the highest median ``G(a, r)``; **no speculation** is ``static:off``;
+- ``hindsight`` (when it runs, :mod:`specctl.bench.hindsight`): the oracle's
+  arms pinned together in one segment, a reference measured like a policy.
 
 The oracle's and the best static arm's identities are chosen on medians over
 all repetitions, then each repetition is compared with that arm's own
@@ -31,6 +33,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specctl.bench.hindsight import HINDSIGHT, is_reference
 from specctl.bench.policy_names import VARIANT_SEPARATOR
 
 CLOCKS = {"cpu": "engine_cpu_s", "wall": "window_s"}
@@ -60,10 +63,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def variant(name: str, params: Mapping[str, Any] | None = None) -> str:
-    """What a policy of the benchmark is: a static arm (``reference``), specctl
+    """What a policy of the benchmark is: a static arm or ``hindsight`` (``reference``), specctl
     (``learning``), a policy's ``<policy>@<label>`` (``variant``), or a peer as its
     system ships it (``as-shipped``) or with the workload's parameters (``configured``)."""
-    if name.startswith("static:"):
+    if is_reference(name):
         return "reference"
     if name == SPECCTL:
         return "learning"
@@ -233,7 +236,7 @@ def summarize(
     policies = [p["name"] for p in raw["policies"]]
     params = {p["name"]: p.get("params") or {} for p in raw["policies"]}
     statics = [p for p in policies if p.startswith("static:")]
-    learning = [p for p in policies if not p.startswith("static:")]
+    learning = [p for p in policies if not is_reference(p)]
     result: dict[str, Any] = {
         "oracle": {},
         "policies": {x: {"variant": variant(x, params[x]), "params": params[x]} for x in policies},
@@ -288,4 +291,8 @@ def summarize(
             }
         headline["off_share"] = result["policies"][SPECCTL]["off_share"]
     result["headline"] = headline
+    # what hindsight pinned, per phase, in its last repetition
+    pinned = {s["phase"]: s.get("pinned", {}) for s in segments if s["policy"] == HINDSIGHT}
+    if pinned:
+        result["hindsight_arms"] = {p: pinned[p] for p, _ in phases if p in pinned}
     return result

@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bench_cli.add_arguments(parser)
     g = parser.add_argument_group(
         "real engine (--engine vllm)",
-        "--policies takes static (every static arm), static:<arm>, specctl and the peers' "
+        "--policies takes static (every static arm), static:<arm>, hindsight (each class "
+        "pinned to its best static arm so far, all at once), specctl and the peers' "
         "names, and <policy>@<label>: the policy with the workload's "
         '[sidecar.params."<policy>@<label>"] over its own (default: the workload\'s '
         "bench.policies, else all); --json and --plots name "

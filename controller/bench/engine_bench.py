@@ -14,6 +14,9 @@ always right after a given one):
   (the default) the policy's sidecar keeps its state in a directory of its
   own and restores it on its next start, so each learning policy goes
   through the phases in order as if it alone had run through the load swing;
+- ``hindsight``: the reference sidecar pins each class to its best static arm
+  of the phase so far, all at once (:mod:`.hindsight`): the oracle's choice,
+  run as one workload;
 - a variant ``<policy>@<label>``: the policy with parameters of its own, run
   and kept apart like any other learning policy, so a change of parameters is
   measured against the policy it would replace in the same repetitions.
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.bench.engine_model import prepare_model
+from specctl.bench.hindsight import hindsight_arms
 from specctl.bench.load import LoadGenerator, PromptPool, load_tokenizer, read_prompts
 from specctl.bench.readings import Reading, read_caught_up, vllm_tokens
 from specctl.bench.schedule import PolicyRun, estimate_seconds, expand_policies, schedule
@@ -108,9 +112,9 @@ class EngineBench:
         if self.options.progress is not None:
             self.options.progress(line)
 
-    def _use_policy(self, run: PolicyRun) -> None:
-        """Point the engine at ``run``: re-pin the reference sidecar, or restart the
-        sidecar with the learning policy."""
+    def _use_policy(self, run: PolicyRun, pins: Mapping[str, str]) -> None:
+        """Point the engine at ``run``: re-pin the reference sidecar (each class to its arm
+        in ``pins``), or restart the sidecar with the learning policy."""
         assert self._sidecar is not None
         sidecar = self._sidecar
         if run.learning:
@@ -127,9 +131,8 @@ class EngineBench:
                     reference_dir = self._state_root / REFERENCE_SIDECAR
                 sidecar.start(REFERENCE_SIDECAR, {"arm": "off"}, state_dir=reference_dir)
                 self._sidecar_mode = REFERENCE_SIDECAR
-            assert run.static_arm is not None
             for c in self.workload.classes:
-                sidecar.override(c.name, run.static_arm)
+                sidecar.override(c.name, pins[c.name])
         sidecar.wait_connected()
         if not run.learning:
             time.sleep(0.6)  # the pinned policy is pushed (min_push_interval_s 0.5 s)
@@ -159,8 +162,16 @@ class EngineBench:
             f"{phase.total_concurrency}) {run.name}: "
             f"{'warm-up' if run.learning else 'settle'} {lead:.0f} s, measure {phase.seconds:.0f} s"
         )
+        pins: dict[str, str] = {}
+        if run.hindsight:
+            pins = hindsight_arms(
+                self.segments, phase.name, [c.name for c in self.workload.classes]
+            )
+            self.progress(f"    pinned: {', '.join(f'{c} {a}' for c, a in pins.items())}")
+        elif run.static_arm is not None:
+            pins = {c.name: run.static_arm for c in self.workload.classes}
         t_switch = time.monotonic()
-        self._use_policy(run)
+        self._use_policy(run, pins)
         switch_s = time.monotonic() - t_switch
         started_s = self.elapsed()
         start, end, (vllm_tokens, vllm_window), stats = asyncio.run(
@@ -203,6 +214,8 @@ class EngineBench:
             "position": position,
             "policy": run.name,
             "learning": run.learning,
+            # the arm each class was pinned to (static arms and hindsight)
+            "pinned": pins,
             "started_s": round(started_s, 2),
             "switch_s": round(switch_s, 2),
             "unmeasured_s": lead,

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specctl.bench.hindsight import is_reference
+
 # bar colour by variant: ours, peers, references
 _CLOCK_LABEL = {"cpu": "engine CPU", "wall": "wall"}
 _COLOURS = {"learning": "C0", "as-shipped": "C1", "configured": "C1", "reference": "C2"}
@@ -68,7 +70,7 @@ def plot_bench(out: Mapping[str, Any], path: Path) -> Path:
     x = list(range(len(phases)))
     for n in names:
         vals = [policies[n]["cpu"]["phases"][p]["goodput"]["median"] or 0.0 for p in phases]
-        learning = not n.startswith("static:")
+        learning = not is_reference(n)
         ax_p.plot(
             x, vals, marker="o", lw=2.0 if n == "specctl" else (1.2 if learning else 0.8),
             ls="-" if learning else "--", label=n,
@@ -91,7 +93,7 @@ def plot_bench(out: Mapping[str, Any], path: Path) -> Path:
     ax_p.set_title("goodput per load phase (median)", fontsize=9)
     ax_p.legend(fontsize=6, ncol=2)
 
-    learners = [n for n in names if not n.startswith("static:")]
+    learners = [n for n in names if not is_reference(n)]
     width = 0.8 / max(len(classes), 1)
     for i, c in enumerate(classes):
         shares = [policies[n]["off_share"].get(c) or 0.0 for n in learners]

@@ -1,6 +1,7 @@
 """The policies the real-engine benchmark runs, by the names a workload or --policies gives.
 
-``static`` runs every static arm, ``static:<arm>`` one of them; a learning
+``static`` runs every static arm, ``static:<arm>`` one of them, ``hindsight`` every
+class at once on its best static arm so far (:mod:`specctl.bench.hindsight`); a learning
 policy is specctl or a peer the sidecar can run (every registered policy but
 the stationary ``static``). ``<policy>@<label>`` is a variant of a learning
 policy: the same policy with the parameters of the workload's
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from specctl.bench.hindsight import HINDSIGHT
 
 VARIANT_SEPARATOR = "@"
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,39}")
@@ -45,7 +48,10 @@ def learning_policy_problem(name: str) -> str | None:
     policy, sep, label = name.partition(VARIANT_SEPARATOR)
     known = learning_policies()
     if policy not in known:
-        return f"unknown policy; known: static, static:<arm>, {', '.join(known)}, <policy>@<label>"
+        return (
+            f"unknown policy; known: static, static:<arm>, {HINDSIGHT}, {', '.join(known)}, "
+            "<policy>@<label>"
+        )
     if sep and not _LABEL.fullmatch(label):
         return (
             f"variant label {label!r} must be 1-40 letters, digits, '.', '_' or '-', "
@@ -55,9 +61,9 @@ def learning_policy_problem(name: str) -> str | None:
 
 
 def policy_name_problem(name: str, arms: Sequence[str]) -> str | None:
-    """Why the benchmark cannot run ``name`` (``static:<arm>``, ``static``, a learning
-    policy or ``<policy>@<label>``), or None."""
-    if name == "static":
+    """Why the benchmark cannot run ``name`` (``static:<arm>``, ``static``, ``hindsight``,
+    a learning policy or ``<policy>@<label>``), or None."""
+    if name in ("static", HINDSIGHT):
         return None
     if name.startswith("static:"):
         arm = name.removeprefix("static:")

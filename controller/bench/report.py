@@ -40,6 +40,9 @@ def benchmark_json(workload: Workload, raw: Mapping[str, Any], seed: int) -> dic
             "what": WARMUP,
             "oracle": "per (phase, class) the static arm with the highest median class goodput "
             "over the repetitions, compared per repetition with that arm's own measurement",
+            "hindsight": "every class pinned at once, per phase, to its static arm with the "
+            "highest median class goodput per wall second over the phase's static segments "
+            "so far; run after them in each repetition",
         },
         "repetitions": raw["repetitions"],
         "seed": seed,
@@ -47,6 +50,7 @@ def benchmark_json(workload: Workload, raw: Mapping[str, Any], seed: int) -> dic
         "headline": summary["headline"],
         "oracle": summary["oracle"],
         "policies": summary["policies"],
+        **({"hindsight_arms": summary["hindsight_arms"]} if "hindsight_arms" in summary else {}),
         "segments": raw["segments"],
         "timeline": raw["timeline"],
     }
@@ -89,6 +93,14 @@ def format_report(out: Mapping[str, Any]) -> str:
         )
     )
     lines.append(f"best single static arm: {o['best_static_arm']}")
+    if "hindsight_arms" in out:
+        lines.append(
+            "hindsight pinned (last repetition): "
+            + "; ".join(
+                f"{phase}: " + ", ".join(f"{c} {a}" for c, a in arms.items())
+                for phase, arms in out["hindsight_arms"].items()
+            )
+        )
     if SPECCTL in out["policies"]:
         h = out["headline"]
         for clock in CLOCKS:

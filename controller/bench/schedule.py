@@ -3,7 +3,8 @@
 Every policy runs one segment per repetition and load phase, in an order
 rotated from phase to phase and repetition to repetition, so that no policy
 always runs first, or always right after a given one (see
-:mod:`specctl.bench.engine_bench`).
+:mod:`specctl.bench.engine_bench`). ``hindsight`` runs last in each, after the
+static arms it chooses among (:mod:`specctl.bench.hindsight`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specctl.bench.hindsight import HINDSIGHT
 from specctl.bench.policy_names import learning_policies, policy_params, registered_policy
 from specctl.bench.workload import Workload
 
 
 @dataclass(frozen=True)
 class PolicyRun:
-    """One policy of the benchmark: a static arm pinned by override, or a learning policy."""
+    """One policy of the benchmark: a static arm pinned by override, ``hindsight`` (each
+    class pinned to its best static arm so far), or a learning policy."""
 
     name: str
     static_arm: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    hindsight: bool = False
 
     @property
     def learning(self) -> bool:
-        return self.static_arm is None
+        return self.static_arm is None and not self.hindsight
 
     @property
     def policy(self) -> str:
@@ -42,7 +46,9 @@ def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> l
     chosen = list(names or workload.bench.policies or ["static", *learning_policies()])
     runs: dict[str, PolicyRun] = {}
     for name in chosen:
-        if name == "static":
+        if name == HINDSIGHT:
+            runs.setdefault(name, PolicyRun(name, hindsight=True))
+        elif name == "static":
             for arm in workload.static_arms():
                 runs.setdefault(f"static:{arm}", PolicyRun(f"static:{arm}", static_arm=arm))
         elif name.startswith("static:"):
@@ -51,6 +57,8 @@ def expand_policies(workload: Workload, names: Sequence[str] | None = None) -> l
             runs.setdefault(
                 name, PolicyRun(name, params=policy_params(workload.policy_params, name))
             )
+    if HINDSIGHT in runs and not any(r.static_arm for r in runs.values()):
+        raise ValueError("hindsight pins the static arms' best per class: run static arms too")
     return list(runs.values())
 
 
@@ -62,11 +70,14 @@ def rotated(runs: Sequence[PolicyRun], offset: int) -> list[PolicyRun]:
 def schedule(
     workload: Workload, runs: Sequence[PolicyRun], repetitions: int
 ) -> list[tuple[int, int, PolicyRun]]:
-    """(repetition, phase index, policy) in the order they run."""
+    """(repetition, phase index, policy) in the order they run: ``hindsight`` after the
+    others of its repetition and phase, which it chooses among."""
+    rotating = [r for r in runs if not r.hindsight]
+    last = [r for r in runs if r.hindsight]
     out = []
     for rep in range(repetitions):
         for p in range(len(workload.phases)):
-            for run in rotated(runs, rep * len(workload.phases) + p):
+            for run in [*rotated(rotating, rep * len(workload.phases) + p), *last]:
                 out.append((rep, p, run))
     return out
 

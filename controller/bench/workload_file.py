@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specctl.arms import ArmError, parse_arm
+from specctl.bench.hindsight import HINDSIGHT
 from specctl.bench.policy_names import (
     learning_policy_problem,
     policy_name_problem,
@@ -280,6 +281,10 @@ def _bench(w: Where, raw: Any, arms: Sequence[str]) -> BenchSpec:
             problem = policy_name_problem(p, arms)
             if problem:
                 raise w.error(f"bench.policies[{i}]", f"={p!r}: {problem}")
+        if HINDSIGHT in policies and not any(p.startswith("static") for p in policies):
+            raise w.error(
+                "bench.policies", f"{HINDSIGHT} pins the static arms' best: list static arms too"
+            )
     defaults = BenchSpec()
     return BenchSpec(
         repetitions=as_int(w, t.get("repetitions", defaults.repetitions), "bench.repetitions", 1),

@@ -2,7 +2,7 @@
 
 One benchmark run for the module (one vLLM server, the sidecar restarted per
 policy): two classes, two short load phases, one repetition, two static arms,
-specctl and a variant of it with parameters of its own. The checks are on the
+specctl, a variant of it with parameters of its own, and ``hindsight``. The checks are on the
 JSON's structure and on its numbers agreeing with each other: static arms
 measured per class and pure, the oracle the best of them, the ratios what the
 goodputs give, the tokens the engine reported close to vLLM's own count.
@@ -31,7 +31,7 @@ repetitions = 1
 warmup_s = 2
 settle_s = 1
 sample_every_s = 0.5
-policies = ["static", "specctl", "specctl@k1"]
+policies = ["static", "specctl", "specctl@k1", "hindsight"]
 static_arms = ["off", "ngram/k=2"]
 
 [sidecar.params."specctl@k1"]  # held at its cold start's arm for the whole run
@@ -60,7 +60,7 @@ name = "high"
 concurrency = 8
 seconds = 3
 """
-POLICIES = ["static:off", "static:ngram/k=2", "specctl", "specctl@k1"]
+POLICIES = ["static:off", "static:ngram/k=2", "specctl", "specctl@k1", "hindsight"]
 CLASSES = ["greedy", "hot"]
 PHASES = ["low", "high"]
 
@@ -99,7 +99,7 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
     assert list(out["policies"]) == POLICIES
     assert {p: out["policies"][p]["variant"] for p in POLICIES} == {
         "static:off": "reference", "static:ngram/k=2": "reference", "specctl": "learning",
-        "specctl@k1": "variant",
+        "specctl@k1": "variant", "hindsight": "reference",
     }  # fmt: skip
     for name, p in out["policies"].items():
         for clock in ("cpu", "wall"):
@@ -114,9 +114,10 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
     assert set(out["headline"]["cpu"]["vs_peers"]) == {"specctl@k1"}
     assert out["engine"]["arms"] == ["off"] + [f"ngram/k={k}" for k in range(1, 5)]
     assert len(out["segments"]) == len(POLICIES) * len(PHASES)
-    # every phase ran every policy, in a rotated order
+    # every phase ran every policy, in a rotated order, hindsight after the static arms
     orders = [[s["policy"] for s in out["segments"] if s["phase"] == p] for p in PHASES]
     assert all(sorted(o) == sorted(POLICIES) for o in orders) and orders[0] != orders[1]
+    assert all(o[-1] == "hindsight" for o in orders)
     assert all(c["failed"] == 0 for s in out["segments"] for c in s["classes"].values())
     # the learning policy's evidence over time, with decision stability
     rows = [r for r in out["timeline"] if r["policy"] == "specctl" and r["current"]]
@@ -238,3 +239,16 @@ def test_a_variant_runs_its_policy_with_its_own_parameters(run: dict[str, Any]) 
     # its sidecar's segments are its own, and it learned in a state directory of its own
     assert {s["policy"] for s in out["segments"]} == set(POLICIES)
     assert (run["out"] / "state" / "specctl@k1").is_dir()
+
+
+def test_hindsight_pins_each_class_to_its_best_static_arm_at_once(run: dict[str, Any]) -> None:
+    out = run["json"]
+    for phase in PHASES:
+        seg = _seg(out, "hindsight", phase)
+        # one repetition: the best static arm per class so far is the oracle's (per second)
+        assert seg["pinned"] == out["oracle"]["wall"]["arms"][phase], seg["pinned"]
+        for c in CLASSES:
+            v = seg["classes"][c]
+            assert v["rounds"] > 0 and set(v["arm_rounds"]) == {seg["pinned"][c]}, v
+    assert out["hindsight_arms"] == {p: _seg(out, "hindsight", p)["pinned"] for p in PHASES}
+    assert "hindsight pinned (last repetition)" in run["stdout"]

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from specctl.bench.analysis import summarize
+from specctl.bench.hindsight import hindsight_arms
 from specctl.bench.report import format_report
 from specctl.bench.schedule import expand_policies, rotated, schedule
 from specctl.bench.workload import split_by_share
@@ -210,6 +211,54 @@ def test_a_variant_runs_its_policy_with_its_parameters_over_the_policys() -> Non
     assert all(r.learning for n, r in runs.items() if "@" in n)
 
 
+def test_hindsight_runs_after_the_static_arms_it_chooses_among() -> None:
+    second = "[[phase]]\nconcurrency = 8\nseconds = 10\n"
+    w = _parse('[bench]\nstatic_arms = ["off", "draft_model/k=2"]\n' + MINIMAL + second)
+    runs = expand_policies(w, ["hindsight", "static", "specctl"])
+    kinds = {r.name: (r.learning, r.hindsight) for r in runs}
+    assert kinds["hindsight"] == (False, True)
+    assert kinds["specctl"] == (True, False)
+    plan = schedule(w, runs, repetitions=3)
+    for rep in range(3):
+        for p in range(len(w.phases)):
+            names = [x.name for r, q, x in plan if (r, q) == (rep, p)]
+            assert names[-1] == "hindsight" and sorted(names[:-1]) == sorted(
+                ["static:off", "static:draft_model/k=2", "specctl"]
+            )
+    with pytest.raises(ValueError, match="run static arms too"):
+        expand_policies(w, ["hindsight", "specctl"])
+    with pytest.raises(WorkloadError, match=r"bench\.policies.*list static arms too"):
+        _parse("[bench]\npolicies = ['hindsight', 'specctl']\n" + MINIMAL)
+
+
+def test_hindsight_pins_each_class_to_its_best_static_arm_of_the_phase() -> None:
+    def seg(policy: str, phase: str, greedy: int, hot: int, window_s: float = 10.0) -> dict:
+        return {
+            "policy": policy,
+            "phase": phase,
+            "window_s": window_s,
+            "classes": {"greedy": {"tokens": greedy}, "hot": {"tokens": hot}},
+        }
+
+    segments = [
+        seg("static:off", "low", 100, 100),
+        seg("static:k=2", "low", 200, 80),
+        # goodput is per second: more tokens over a longer window is less
+        seg("static:k=2", "high", 330, 200, window_s=20.0),
+        seg("static:off", "high", 300, 300),
+        # learning policies and hindsight's own segments are not candidates
+        seg("specctl", "low", 900, 900),
+        seg("hindsight", "low", 900, 900),
+    ]
+    assert hindsight_arms(segments, "low", CLASSES) == {"greedy": "k=2", "hot": "off"}
+    assert hindsight_arms(segments, "high", CLASSES) == {"greedy": "off", "hot": "off"}
+    # the median over the repetitions so far: one lucky segment does not decide
+    more = [seg("static:k=2", "low", 90, 80), seg("static:k=2", "low", 95, 80)]
+    assert hindsight_arms(segments + more, "low", CLASSES)["greedy"] == "off"
+    with pytest.raises(ValueError, match="class 'greedy' in phase 'mid'"):
+        hindsight_arms(segments, "mid", CLASSES)
+
+
 # --- analysis --------------------------------------------------------------------------
 
 CLASSES = ["greedy", "hot"]
@@ -305,3 +354,39 @@ def test_static_arms_measure_themselves_against_the_oracle() -> None:
     # no static arm beats the oracle, which picks per class
     for name in ("static:off", "static:k=2"):
         assert out["policies"][name]["cpu"]["vs_oracle"]["median"] <= 1.0
+
+
+def test_hindsight_is_a_reference_not_a_peer() -> None:
+    raw = _raw(1)
+    for phase, tokens in (
+        ("low", {"greedy": 190, "hot": 98}),
+        ("high", {"greedy": 310, "hot": 300}),
+    ):
+        raw["segments"].append(
+            {
+                "policy": "hindsight",
+                "repetition": 0,
+                "phase": phase,
+                "window_s": 10.0,
+                "engine_cpu_s": 5.0,
+                "pinned": {"greedy": "k=2", "hot": "off"},
+                "classes": {
+                    c: {"tokens": n, "rounds": n, "accepted": 0, "drafted": 0, "arm_rounds": {}}
+                    for c, n in tokens.items()
+                },
+            }
+        )
+    raw["policies"].append({"name": "hindsight"})
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    entry = out["policies"]["hindsight"]
+    assert entry["variant"] == "reference"
+    assert "hindsight" not in out["policies"]["specctl"]["cpu"]["vs_peers"]
+    # the oracle's arms are chosen among the static arms only
+    assert out["oracle"]["cpu"]["arms"]["high"] == {"greedy": "k=2", "hot": "off"}
+    # run together, the oracle's arms fall short of the oracle's sum
+    low = entry["wall"]["phases"]["low"]["vs_oracle"]["median"]
+    assert low == pytest.approx((190 + 98) / (200 + 100), abs=1e-3)
+    assert out["hindsight_arms"]["low"] == {"greedy": "k=2", "hot": "off"}
+    assert "hindsight pinned (last repetition): low: greedy k=2" in format_report(
+        {**out, "workload": {"classes": [{"name": c} for c in CLASSES]}}
+    )
