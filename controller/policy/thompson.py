@@ -225,6 +225,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         """Drop what was worked out for a class the evidence has forgotten (its own price
         in the step cost too, so every bucket's draws change)."""
         self._tokens.pop(slot, None)
+        for b in range(self.num_buckets):
+            self._alone.pop((slot, b), None)
         self._class_version[slot] = self._bucket_version[:] = self._next_tick()
         for b in range(self.num_buckets):
             self._decisions.pop((name, b), None)
@@ -498,13 +500,25 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             return 0.0
         joint = self._joint_samples(bucket) if slot is not None else {}
         if slot in joint:
-            needed = max(
-                self._control_need(bucket, draws, int(np.argmax(draws.prob_best())))
-                for draws in joint.values()
-            )
+            needed = self._joint_control_need(bucket, joint)
         else:
             needed = self._control_need(bucket, samples, mode)
         return cfg.control_share * (1.0 - held) * needed
+
+    def _joint_control_need(self, bucket: int, joint: dict[int, ContextDraws]) -> float:
+        """What the neediest of the classes decided together asks (see
+        :meth:`_control_share`): the same for each of them, so worked out once per draw
+        of the bucket."""
+        versions = self._joint[bucket][0]
+        cached = self._control_needs.get(bucket)
+        if cached is not None and cached[0] == versions:
+            return cached[1]
+        needed = max(
+            self._control_need(bucket, draws, int(np.argmax(draws.prob_best())))
+            for draws in joint.values()
+        )
+        self._control_needs[bucket] = (versions, needed)
+        return needed
 
     def _control_need(self, bucket: int, samples: ContextDraws, mode: int) -> float:
         """How much of the control share a context's choice of ``mode`` needs, 0 to 1
@@ -616,7 +630,9 @@ class SpecctlPolicy(PosteriorDraws, Policy):
         self._token_times.clear()
         self._off_contrast.clear()
         self._tokens.clear()
+        self._alone.clear()
         self._joint.clear()
+        self._control_needs.clear()
         self._profiles = saved.profiles
         self._class_version[:] = self._next_tick()
         self._bucket_version[:] = self._tick

@@ -30,6 +30,7 @@ out on the draws' arrays, and keeps the draws until those versions move.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -62,13 +63,20 @@ class ContextDraws:
     step_time_s: np.ndarray
 
     def prob_best(self) -> np.ndarray:
-        best = np.argmax(self.goodput, axis=1)
-        return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
+        """Per arm, the probability that it is the best (a copy: the caller may write it)."""
+        return self._prob_best.copy()
 
     def prob_best_speculating(self) -> np.ndarray:
         """Per arm, the probability that it is the best of the speculative arms (0 for
         ``off``, the first)."""
         best = np.argmax(self.goodput[:, 1:], axis=1) + 1
+        return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
+
+    @cached_property
+    def _prob_best(self) -> np.ndarray:
+        # worked out once: the draws of a context are read by every decision and check
+        # until its evidence moves
+        best = np.argmax(self.goodput, axis=1)
         return np.bincount(best, minlength=self.goodput.shape[1]) / self.goodput.shape[0]
 
     def tempered(self, scale: float) -> ContextDraws:
@@ -104,8 +112,12 @@ class PosteriorDraws:
         # posterior standard deviation of its extra step time over off (0 for off)
         self._off_contrast: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._tokens: dict[int | None, tuple[tuple[int, int], np.ndarray]] = {}
+        # a read cache: per (class slot, bucket) decided alone, its draws
+        self._alone: dict[tuple[int | None, int], tuple[tuple[int, int, int], ContextDraws]] = {}
         # a read cache: per bucket, the joint goodput draws of its classes
         self._joint: dict[int, tuple[tuple[Any, ...], dict[int, ContextDraws]]] = {}
+        # a read cache: per bucket, the control share its joint draws ask (by their versions)
+        self._control_needs: dict[int, tuple[tuple[Any, ...], float]] = {}
         # learned: per bucket, (arms and classes, its steps then, best joint choice per draw)
         self._profiles: JointProfiles = {}
         # posterior draws are computed in float32: twice as fast, and far more precise
@@ -177,6 +189,20 @@ class PosteriorDraws:
             joint = self._joint_samples(bucket)
             if slot in joint:
                 return joint[slot]
+        version = (
+            int(self._class_version[slot]) if slot is not None else -1,
+            int(self._bucket_version[bucket]),
+            self._arms_version,
+        )
+        cached = self._alone.get((slot, bucket))
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        draws = self._alone_samples(slot, bucket)
+        self._alone[(slot, bucket)] = (version, draws)
+        return draws
+
+    def _alone_samples(self, slot: int | None, bucket: int) -> ContextDraws:
+        """The draws of a class decided alone in the bucket (or of no class yet)."""
         tokens = self._token_samples(slot)
         batch_size, step_time, _ = self._step_time_samples(bucket)
         price = self._class_price(slot, bucket)

@@ -112,6 +112,8 @@ class ThompsonEvidence:
         self.mix_present = np.zeros((self.num_buckets, max_classes))
         self.mix_steps = np.zeros(self.num_buckets)
         self.bucket_steps = np.zeros(self.num_buckets, dtype=np.int64)
+        # per bucket, mix_members until the mix changes (asked dozens of times a report)
+        self._members: dict[int, np.ndarray] = {}
 
     # -- slots ----------------------------------------------------------------
 
@@ -153,6 +155,7 @@ class ThompsonEvidence:
         self.mix[:, slot] = 0.0
         self.mix_tokens[:, slot] = 0.0
         self.mix_present[:, slot] = 0.0
+        self.mix_changed()
         self.last_update[slot] = 0
         return slot
 
@@ -328,6 +331,12 @@ class ThompsonEvidence:
         self.mix_present += present.reshape(nb, nc)
         self.mix_steps = self.mix_steps * decay + steps
         self.bucket_steps += steps.astype(np.int64)
+        self.mix_changed()
+
+    def mix_changed(self) -> None:
+        """The class mix was written (a report, a class forgotten, a state loaded): what
+        was worked out from it is stale."""
+        self._members.clear()
 
     # -- the fleet's evidence -------------------------------------------------
 
@@ -604,7 +613,15 @@ class ThompsonEvidence:
         another) is decided alone: in a joint choice the other classes' requests would
         pay its drafts' batch-wide cost in steps they are never in. Where a class's steps
         are not known (a state saved before they were counted) it counts as sharing.
+        Kept until the mix changes (:meth:`mix_changed`), read-only.
         """
+        cached = self._members.get(bucket)
+        if cached is None:
+            cached = self._members[bucket] = self._find_members(bucket)
+            cached.setflags(write=False)
+        return cached
+
+    def _find_members(self, bucket: int) -> np.ndarray:
         mix = self.mix[bucket]
         total = float(mix.sum())
         if total <= 0.0:

@@ -188,6 +188,7 @@ def read_state(
 def load_evidence(evidence: ThompsonEvidence, saved: SavedState) -> None:
     """Write a checked state into the evidence; nothing here can fail half-way."""
     assign_arrays(evidence_arrays(evidence), saved.arrays)
+    evidence.mix_changed()
     evidence.slot_class = [c or None for c in saved.classes]
     evidence.class_slot = {c: i for i, c in enumerate(evidence.slot_class) if c is not None}
     evidence.drafter_slot = {d: i for i, d in enumerate(saved.drafters)}
