@@ -221,6 +221,18 @@ def _clock_summary(
     return oracle_entry, entries
 
 
+def sidecar_cores(segments: Sequence[Mapping[str, Any]]) -> float | None:
+    """The median over ``segments`` of the sidecar's CPU seconds per wall second (None
+    where none recorded them). On a machine the engine keeps busy, each of them is
+    taken from the engine: a policy's learning has a price the static arms do not pay."""
+    cores = [
+        s["sidecar_cpu_s"] / s["window_s"]
+        for s in segments
+        if "sidecar_cpu_s" in s and s["window_s"] > 0
+    ]
+    return _r(statistics.median(cores)) if cores else None
+
+
 def summarize(
     raw: Mapping[str, Any],
     *,
@@ -255,6 +267,7 @@ def summarize(
         entry["off_share"] = {}
         entry["acceptance"] = {}
         entry["off_share_by_phase"] = {p: {} for p, _ in phases}
+        entry["sidecar_cores"] = sidecar_cores(runs)
         for c in classes:
             counts: dict[str, float] = {}
             drafted = accepted = 0.0

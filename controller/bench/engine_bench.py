@@ -222,6 +222,11 @@ class EngineBench:
             "window_s": round(window, 4),
             "engine_cpu_s": round((end.engine_cpu_s - start.engine_cpu_s) * cpu_scale, 4),
             "worker_cpu_s": round((end.worker_cpu_s - start.worker_cpu_s) * cpu_scale, 4),
+            # the sidecar's own CPU over the window: on a machine the engine keeps busy,
+            # what a policy's learning takes from it
+            "sidecar_cpu_s": round(
+                max(end.sidecar_cpu_s - start.sidecar_cpu_s, 0.0) * cpu_scale, 4
+            ),
             "vllm_generation_tokens": round(vllm_tokens),
             "vllm_window_s": round(vllm_window, 4),
             "scrape_s": [round(start.scrape_s, 3), round(end.scrape_s, 3)],
@@ -239,8 +244,9 @@ class EngineBench:
         ]
         self.progress(
             f"    {run.name}: {tokens / max(record['engine_cpu_s'], 1e-9):.1f} tok/engine CPU s, "
-            f"{tokens / max(window, 1e-9):.1f} tok/s; off: {', '.join(offs)}"
-            + (f"; {failed} failed requests" if failed else "")
+            f"{tokens / max(window, 1e-9):.1f} tok/s; "
+            f"sidecar {record['sidecar_cpu_s'] / max(window, 1e-9):.1%} of a core; "
+            f"off: {', '.join(offs)}" + (f"; {failed} failed requests" if failed else "")
         )
         if self.options.on_segment is not None:
             self.options.on_segment(record)

@@ -20,7 +20,8 @@ from specctl.bench.vllm_server import VllmServer
 
 @dataclass
 class Reading:
-    """Counters at one instant: engine CPU seconds and the sidecar's per-class counters."""
+    """Counters at one instant: engine CPU seconds, the sidecar's per-class counters and
+    the sidecar's own CPU seconds (what the controller costs the machine)."""
 
     t: float
     engine_cpu_s: float
@@ -34,6 +35,8 @@ class Reading:
     learned_until: float = 0.0
     # seconds spent waiting for the sidecar to learn up to the reading's instant
     caught_up_s: float = 0.0
+    # the sidecar process's CPU seconds so far (its own process_cpu_seconds_total)
+    sidecar_cpu_s: float = 0.0
 
 
 def read_counters(server: VllmServer, sidecar: SidecarProcess) -> Reading:
@@ -49,9 +52,12 @@ def read_counters(server: VllmServer, sidecar: SidecarProcess) -> Reading:
     accepted: dict[str, float] = {}
     drafted: dict[str, float] = {}
     learned_until = 0.0
+    sidecar_cpu = 0.0
     for s in side:
         if s.name == "specctl_learned_until_timestamp_seconds":
             learned_until = s.value
+        elif s.name == "process_cpu_seconds_total":
+            sidecar_cpu = s.value
         c = s.labels.get("workload_class", "")
         if s.name == "specctl_arm_rounds_total":
             key = (c, s.labels.get("arm", ""))
@@ -69,6 +75,7 @@ def read_counters(server: VllmServer, sidecar: SidecarProcess) -> Reading:
         drafted=drafted,
         scrape_s=t1 - t0,
         learned_until=learned_until,
+        sidecar_cpu_s=sidecar_cpu,
     )
 
 
@@ -93,6 +100,7 @@ def read_caught_up(
         t=first.t,
         engine_cpu_s=first.engine_cpu_s,
         worker_cpu_s=first.worker_cpu_s,
+        sidecar_cpu_s=first.sidecar_cpu_s,
         caught_up_s=reading.t - first.t,
     )
 

@@ -115,6 +115,12 @@ def format_report(out: Mapping[str, Any]) -> str:
             "request-rounds run off by specctl: "
             + ", ".join(f"{c} {_f(s, '.0%')}" for c, s in h["off_share"].items())
         )
+    cores = {name: p.get("sidecar_cores") for name, p in out["policies"].items()}
+    if any(c is not None for c in cores.values()):
+        lines.append(
+            "sidecar CPU (cores, median per segment): "
+            + ", ".join(f"{name} {_f(c)}" for name, c in cores.items())
+        )
     lines.append("")
     lines.append("phases (tok/s, median; vs oracle)")
     phases = list(out["oracle"]["wall"]["arms"])

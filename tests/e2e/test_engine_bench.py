@@ -127,6 +127,11 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
         assert (run["out"] / name).stat().st_size > 0, name
     assert "vs oracle" in run["stdout"] and "specctl per repetition" in run["stdout"]
     assert "phase low (concurrency 2) specctl: warm-up 2 s" in run["stderr"]
+    # what the controller costs the machine: the sidecar's own CPU, per segment and policy
+    assert sum(s["sidecar_cpu_s"] for s in out["segments"] if s["policy"] == "specctl") > 0
+    assert out["policies"]["specctl"]["sidecar_cores"] > 0
+    assert "sidecar CPU (cores, median per segment): " in run["stdout"]
+    assert "of a core; off: " in run["stderr"]
 
 
 def test_static_arms_are_measured_per_class_and_pinned(run: dict[str, Any]) -> None:
@@ -140,6 +145,7 @@ def test_static_arms_are_measured_per_class_and_pinned(run: dict[str, Any]) -> N
             # for it up to 15 s, so the window can hold up to that much more engine time
             assert 2.0 <= seg["window_s"] <= 3.0 + 2 * 15.0, seg
             assert seg["engine_cpu_s"] > 0
+            assert seg["sidecar_cpu_s"] >= 0
             for c in CLASSES:
                 v = seg["classes"][c]
                 assert v["clients"] == clients

@@ -308,6 +308,23 @@ def _raw(reps: int = 2) -> dict[str, Any]:
     }
 
 
+def test_the_sidecars_cpu_is_summarized_per_policy_and_reported() -> None:
+    raw = _raw(2)
+    # specctl's sidecar: 0.3 and 0.5 s of CPU over its 10 s windows; the peer records none
+    for s in raw["segments"]:
+        if s["policy"] == "specctl":
+            s["sidecar_cpu_s"] = 0.3 if s["phase"] == "low" else 0.5
+        elif s["policy"].startswith("static"):
+            s["sidecar_cpu_s"] = 0.02
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    assert out["policies"]["specctl"]["sidecar_cores"] == pytest.approx(0.04)
+    assert out["policies"]["static:off"]["sidecar_cores"] == pytest.approx(0.002)
+    assert out["policies"]["peer"]["sidecar_cores"] is None  # a run from before the field
+    report = format_report({**out, "workload": {"classes": [{"name": c} for c in CLASSES]}})
+    assert "sidecar CPU (cores, median per segment): static:off 0.002" in report
+    assert "specctl 0.040, peer -" in report
+
+
 def test_oracle_and_ratios_follow_from_the_measurements() -> None:
     out = summarize(_raw(), classes=CLASSES, phases=PHASES)
     oracle = out["oracle"]["cpu"]
