@@ -151,6 +151,10 @@ class PosteriorDraws:
         self._arm_drafter_slot = np.array(
             [-1, *(drafter_slot[a.drafter] for a in spec)], dtype=np.int64
         )
+        # per speculative arm: its drafter's row in arrays laid out by self._drafters, and
+        # its K - 1 (the column of its last position)
+        self._arm_row = np.array([position[drafter_slot[a.drafter]] for a in spec], np.int64)
+        self._arm_last = np.array([a.k - 1 for a in spec], dtype=np.int64)
         km = self._max_k
         cfg_samples = self.config.num_samples
         width = len(slots) * km
@@ -319,10 +323,7 @@ class PosteriorDraws:
             slot, self._drafters, self._max_k, _PROPOSED_PRIOR_ROUNDS
         )
         unverified = np.zeros(len(self._arms))
-        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
-        for i, arm in enumerate(self._arms[1:], start=1):
-            rate = share[drafter_index[self.learned.drafter_slot[arm.drafter]], arm.k - 1]
-            unverified[i] = arm.k * (1.0 - rate)
+        unverified[1:] = self._arm_k[1:] * (1.0 - share[self._arm_row, self._arm_last])
         if not unverified.any():
             return None
         self._step_time_samples(bucket)
@@ -463,10 +464,7 @@ class PosteriorDraws:
         if slot is None or len(self._arms) < 2:
             return
         n, mean, var = self.learned.acceptance.arm_posterior(slot, self._drafters, self._max_k)
-        drafter_index = {int(d): i for i, d in enumerate(self._drafters)}
-        spec = self._arms[1:]
-        rows = np.array([drafter_index[self.learned.drafter_slot[a.drafter]] for a in spec])
-        ks = np.array([a.k - 1 for a in spec])
+        rows, ks = self._arm_row, self._arm_last
         n_arm = n[rows, ks]
         if not (n_arm > 0).any():
             return
