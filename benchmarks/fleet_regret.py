@@ -71,7 +71,7 @@ read back and checked, the others' latest are summed and merged into its book
 (:meth:`~specctl.sidecar.book.PolicyBook.merge_shared`), and its engine gets
 its sidecar's new policy. The rounds are paced as the store paces them (the
 first at a tenth of the interval, then after waits that grow with the time
-since the start up to it), and at each the
+since the replica's first report up to it), and at each the
 replicas take turns in a random order, as rounds out of phase do. A real
 Redis round trip per round would add wall time to the benchmark and change
 nothing that is merged, so none is made. The goal: 16 sharing replicas pay no
@@ -113,7 +113,7 @@ from specctl.policy.shared import SharedEvidence, sum_acceptance, sum_cost
 from specctl.sidecar import snapshot
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.fleet_entry import Entry, EntryHeader, decode_entry, encode_entry
-from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, round_wait
+from specctl.sidecar.fleet_store import EVIDENCE_POLL_SHARE, FIRST_ROUND_SHARE, round_wait
 from specctl.sim.engine import InProcessLink, SimulatedEngine, World
 from specctl.sim.scenario import Scenario, build_scenarios
 
@@ -209,14 +209,25 @@ def merge(replica: Replica, others: list[SharedEvidence]) -> None:
     replica.link.refresh()
 
 
-def round_steps(steps: int, exchange_steps: int) -> list[int]:
-    """The steps at which the store's rounds come, as FleetStore.run paces them: the first
-    at a tenth of the interval (the latest the store's random first round comes), then
-    after the waits of :func:`~specctl.sidecar.fleet_store.round_wait`."""
-    out, t = [], exchange_steps * FIRST_ROUND_SHARE
+def round_steps(steps: int, exchange_steps: int, report_every: int) -> list[int]:
+    """The steps at which the store's rounds come, as FleetStore.run paces them, each at
+    the latest its jitter allows: the first at a tenth of the interval, then once an
+    interval until the replica's first report (step ``report_every``) is learned, the
+    next round a poll after it, then after the waits of
+    :func:`~specctl.sidecar.fleet_store.round_wait` from the round that first held it."""
+    interval = float(exchange_steps)
+    out, t = [], interval * FIRST_ROUND_SHARE
+    evidence_from: float | None = None
     while t < steps:
         out.append(min(steps, max(1, round(t))))
-        t += round_wait(t, float(exchange_steps))
+        if evidence_from is None and t >= report_every:
+            evidence_from = t
+        if evidence_from is not None:
+            t += round_wait(t - evidence_from, interval)
+        elif report_every < t + interval:
+            t = report_every + EVIDENCE_POLL_SHARE * interval
+        else:
+            t += interval
     return sorted(set(out))
 
 
@@ -240,7 +251,7 @@ def run_fleet(
     """
     fleet = [make_replica(scenario, seed, i, report_every, warm, params) for i in range(replicas)]
     steps = scenario.steps // replicas
-    rounds = set(round_steps(steps, exchange_steps))
+    rounds = set(round_steps(steps, exchange_steps, report_every))
     order = np.random.default_rng([seed, replicas, 2])
     entries: dict[int, SharedEvidence] = {}
     curve: list[tuple[int, float]] = [(0, 0.0)]

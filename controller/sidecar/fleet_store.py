@@ -82,8 +82,12 @@ _STALE_EXPIRIES = 3.0
 # rounds is shorter (see round_wait)
 FIRST_ROUND_SHARE = 0.1
 # until rounds are fleet.publish_interval_s apart, the wait before the next round is this
-# share of the time since the task started (see round_wait)
+# share of the time since this sidecar's own evidence began (see round_wait)
 ROUND_GROWTH = 0.25
+# while a sidecar has learned nothing of its own, how often (a share of
+# fleet.publish_interval_s) it looks whether its first report has been learned: the round
+# that follows comes within this share, at a moment of its own
+EVIDENCE_POLL_SHARE = 0.025
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -139,10 +143,11 @@ class FleetMetrics:
 
 
 def round_wait(since_start_s: float, interval_s: float) -> float:
-    """The wait before the next round, ``since_start_s`` after the task started.
+    """The wait before the next round, ``since_start_s`` after this sidecar's own
+    evidence began (its first report learned; see :meth:`FleetStore.run`).
 
-    Replicas started together have evidence in proportion to the time since the
-    start, and decide best on all of it: between two rounds a replica decides on
+    Replicas whose traffic starts together have evidence in proportion to the
+    time since it started, and decide best on all of it: between two rounds a replica decides on
     what the fleet knew at the first, a share ``t / (t + wait)`` of what it knows
     by the second. The wait is ``ROUND_GROWTH`` of the time since the start, so
     that once the wait is past its floor (0.4 of the interval after the start)
@@ -215,6 +220,8 @@ class FleetStore:
         # key -> digest of the value last rejected there (each bad entry is counted once)
         self._rejected: dict[str, str] = {}
         self._rng = random.Random()
+        # when (monotonic) this sidecar's own evidence began: its first report learned
+        self._evidence_from: float | None = None
 
     # ------------------------------------------------------------------ identity
 
@@ -237,16 +244,20 @@ class FleetStore:
     async def run(self) -> None:
         """Rounds until cancelled; a failed round backs off, with jitter.
 
-        The first rounds come quicker: the first within a tenth of
-        ``fleet.publish_interval_s`` (at a random moment, so that sidecars started
-        together do not arrive together), then after waits that grow with the
-        time since the start up to it (:func:`round_wait`). Evidence is worth most
-        when there is least of it: a new member merges the fleet's at once, and
-        replicas that start together pool their first steps' evidence before each
-        has explored much on its own.
+        The first round comes within a tenth of ``fleet.publish_interval_s`` (at
+        a random moment, so that sidecars started together do not arrive
+        together): a new member merges the fleet's evidence at once. Then rounds
+        come once an interval while this sidecar has learned nothing of its own,
+        and quicker from its first report on: the next round within
+        ``EVIDENCE_POLL_SHARE`` of the interval, then after waits that grow with
+        the time since that report up to the interval (:func:`round_wait`).
+        Evidence is worth most when there is least of it, and replicas whose
+        traffic starts together pool their first steps' evidence before each has
+        explored much on its own. A sidecar starts well before its engine's
+        traffic (the engine loads its model first): quick rounds timed from the
+        sidecar's start would all be spent before there is anything to share.
         """
         interval = self.config.publish_interval_s
-        start = time.monotonic()
         await asyncio.sleep(self._rng.uniform(0.0, interval * FIRST_ROUND_SHARE))
         backoff = interval
         while True:
@@ -268,8 +279,35 @@ class FleetStore:
                 self._succeeded()
                 backoff = interval
             now = time.monotonic()
-            wait = round_wait(now - start, interval) * self._rng.uniform(0.9, 1.1)
-            await asyncio.sleep(max(0.0, wait - (now - started)))
+            self._notice_evidence(started)
+            if self._evidence_from is None:
+                wait = interval * self._rng.uniform(0.9, 1.1)
+            else:
+                wait = round_wait(now - self._evidence_from, interval)
+                wait *= self._rng.uniform(0.9, 1.1)
+            await self._pause(max(0.0, wait - (now - started)), interval)
+
+    def _notice_evidence(self, now: float) -> None:
+        """Mark ``now`` (monotonic) as when this sidecar's own evidence began, if it has
+        learned from a report and had not before."""
+        if self._evidence_from is None and self.book.stats.learned_until_unix_s > 0.0:
+            self._evidence_from = now
+
+    async def _pause(self, wait_s: float, interval_s: float) -> None:
+        """Wait ``wait_s`` before the next round, or less: while this sidecar has no
+        evidence of its own, until its first report is learned (looked at every
+        ``EVIDENCE_POLL_SHARE`` of the interval, a cheap local check)."""
+        deadline = time.monotonic() + wait_s
+        poll = EVIDENCE_POLL_SHARE * interval_s
+        while self._evidence_from is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.0:
+                return
+            await asyncio.sleep(min(remaining, poll))
+            self._notice_evidence(time.monotonic())
+            if self._evidence_from is not None:
+                return
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
     async def close(self) -> None:
         await self._close_client()

@@ -25,11 +25,19 @@ from pki_support import issue, make_ca
 from prometheus_client import CollectorRegistry
 
 from specctl.policy.registry import make_policy
+from specctl.protocol.reports import decode_step_report, encode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import FleetConfig
-from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, ROUND_GROWTH, FleetStore, round_wait
+from specctl.sidecar.fleet_store import (
+    EVIDENCE_POLL_SHARE,
+    FIRST_ROUND_SHARE,
+    ROUND_GROWTH,
+    FleetStore,
+    round_wait,
+)
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.sessions import Sessions
+from specctl.steps import StepRecord
 from specctl.testing.redis_server import RedisServer, RedisTls
 
 
@@ -200,8 +208,39 @@ class TimedStore(FleetStore):
         await super().round()
 
 
-async def rounds_of(server: RedisServer, interval: float, seconds: float) -> list[float]:
-    """Run a store task against ``server`` for ``seconds``: its rounds' start times, from the
+def learn_one_report(book: PolicyBook) -> None:
+    """The book learns from one engine report, as the first report of its traffic."""
+    record = StepRecord(
+        step_index=1,
+        step_time_s=0.02,
+        batch_size=1,
+        num_scheduled_tokens=3,
+        policy_version=1,
+        load_bucket=0,
+        step_end_unix_s=time.time(),
+        classes=["chat"],
+        arms=["ngram/k=2"],
+        propensity=[1.0],
+        drafted=[2],
+        accepted=[1],
+    )
+    offered = {"ngram": 4}
+    book.offer(offered)
+    book.ingest(
+        decode_step_report(
+            encode_step_report(1, [record]),
+            engine_id="engine-pacing",
+            offered=offered,
+            num_load_buckets=book.num_load_buckets,
+        )
+    )
+
+
+async def rounds_of(
+    server: RedisServer, interval: float, idle_s: float, seconds: float
+) -> tuple[list[float], float]:
+    """Run a store task against ``server``: ``idle_s`` with nothing learned, then its first
+    report, then ``seconds`` more. Its rounds' start times and the report's, from the
     task's start."""
     config = FleetConfig(
         url=server.url,
@@ -224,6 +263,9 @@ async def rounds_of(server: RedisServer, interval: float, seconds: float) -> lis
     )
     start = time.monotonic()
     task = asyncio.create_task(store.run())
+    await asyncio.sleep(idle_s)
+    learn_one_report(book)
+    learned = time.monotonic() - start
     await asyncio.sleep(seconds)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -231,23 +273,35 @@ async def rounds_of(server: RedisServer, interval: float, seconds: float) -> lis
     await store.close()
     failed = [store.metrics.errors.labels(op)._value.get() for op in ("connect", "read")]
     assert failed == [0.0, 0.0]  # every round reached the store: no backoff in the times
-    return [t - start for t in store.round_starts]
+    return [t - start for t in store.round_starts], learned
 
 
-def test_a_new_sidecars_rounds_come_often_first_then_once_an_interval(directory: Path) -> None:
+def test_rounds_come_often_from_a_sidecars_first_report_then_once_an_interval(
+    directory: Path,
+) -> None:
     interval = 0.5
     with RedisServer(directory) as server:
-        starts = asyncio.run(rounds_of(server, interval, 3.5))
-    # the first within a tenth of the interval (and the event loop's lag on a busy machine)
-    assert starts[0] <= FIRST_ROUND_SHARE * interval + 0.5, starts
-    for before, after in itertools.pairwise(starts):
+        starts, learned = asyncio.run(rounds_of(server, interval, 1.6, 3.5))
+    before = [t for t in starts if t < learned]
+    after = [t for t in starts if t >= learned]
+    # the first within a tenth of the interval (and the event loop's lag on a busy
+    # machine): a new member merges the fleet's evidence at once
+    assert before[0] <= FIRST_ROUND_SHARE * interval + 0.5, starts
+    # with nothing learned, once an interval: quick rounds then would be spent before
+    # the engine's traffic (an engine loads its model first)
+    assert len(before) <= 1 + 1.6 / (0.9 * interval), (starts, learned)
+    for a, b in itertools.pairwise(before):
+        assert b - a >= 0.9 * interval - 1e-3, starts
+    # the first report brings a round within a poll of it
+    assert after[0] - learned <= EVIDENCE_POLL_SHARE * interval + 0.5, (starts, learned)
+    for a, b in itertools.pairwise(after):
         # a round never comes before its wait (less the jitter): the wait grows with the
-        # time since the start, from a tenth of the interval ...
-        assert after - before >= 0.9 * round_wait(before, interval) - 1e-3, starts
-        if before >= interval / ROUND_GROWTH + 0.2:
-            # ... to the interval, once the task has run 1 / ROUND_GROWTH intervals
-            # (and a busy machine's lag: a round is a few round trips to the store)
-            assert after - before <= 1.1 * interval + 1.0, starts
+        # time since the report's round, from a tenth of the interval ...
+        assert b - a >= 0.9 * round_wait(a - after[0], interval) - 1e-3, starts
+        if a - after[0] >= interval / ROUND_GROWTH + 0.2:
+            # ... to the interval (and a busy machine's lag: a round is a few round
+            # trips to the store)
+            assert b - a <= 1.1 * interval + 1.0, starts
     # rounds doubling from a tenth of the interval made 10 in 3.5 s; these make about 17,
     # and a machine busy enough to delay a few rounds still leaves more than doubling's
-    assert len(starts) >= 12, starts
+    assert len(after) >= 12, (starts, learned)

@@ -11,8 +11,8 @@ from specctl.sidecar.fleet_store import FIRST_ROUND_SHARE, ROUND_GROWTH, round_w
 
 
 def schedule(interval: float, until: float) -> list[float]:
-    """Round times from a first round at a tenth of the interval, as FleetStore.run paces
-    them (without its jitter)."""
+    """Round times, from a sidecar's first report on, as FleetStore.run paces them (without
+    its jitter): the round that first holds the report a tenth of the interval after it."""
     t, out = FIRST_ROUND_SHARE * interval, []
     while t <= until:
         out.append(t)
