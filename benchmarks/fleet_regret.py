@@ -209,23 +209,25 @@ def merge(replica: Replica, others: list[SharedEvidence]) -> None:
     replica.link.refresh()
 
 
-def round_steps(steps: int, exchange_steps: int, report_every: int) -> list[int]:
+def round_steps(steps: int, exchange_steps: int, first_report: int) -> list[int]:
     """The steps at which the store's rounds come, as FleetStore.run paces them, each at
-    the latest its jitter allows: the first at a tenth of the interval, then once an
-    interval until the replica's first report (step ``report_every``) is learned, the
-    next round a poll after it, then after the waits of
-    :func:`~specctl.sidecar.fleet_store.round_wait` from the round that first held it."""
+    the latest its jitter allows: the first at a tenth of the interval, or a poll after
+    the replica's first report (at step ``first_report``) if that is sooner; then once
+    an interval until that report is learned, the next round a poll after it, then
+    after the waits of :func:`~specctl.sidecar.fleet_store.round_wait` from the round
+    that first held it."""
     interval = float(exchange_steps)
-    out, t = [], interval * FIRST_ROUND_SHARE
+    poll = EVIDENCE_POLL_SHARE * interval
+    out, t = [], min(interval * FIRST_ROUND_SHARE, first_report + poll)
     evidence_from: float | None = None
     while t < steps:
         out.append(min(steps, max(1, round(t))))
-        if evidence_from is None and t >= report_every:
+        if evidence_from is None and t >= first_report:
             evidence_from = t
         if evidence_from is not None:
             t += round_wait(t - evidence_from, interval)
-        elif report_every < t + interval:
-            t = report_every + EVIDENCE_POLL_SHARE * interval
+        elif first_report < t + interval:
+            t = first_report + poll
         else:
             t += interval
     return sorted(set(out))
@@ -251,7 +253,7 @@ def run_fleet(
     """
     fleet = [make_replica(scenario, seed, i, report_every, warm, params) for i in range(replicas)]
     steps = scenario.steps // replicas
-    rounds = set(round_steps(steps, exchange_steps, report_every))
+    rounds = set(round_steps(steps, exchange_steps, fleet[0].link.first_report_steps))
     order = np.random.default_rng([seed, replicas, 2])
     entries: dict[int, SharedEvidence] = {}
     curve: list[tuple[int, float]] = [(0, 0.0)]

@@ -246,7 +246,8 @@ class FleetStore:
 
         The first round comes within a tenth of ``fleet.publish_interval_s`` (at
         a random moment, so that sidecars started together do not arrive
-        together): a new member merges the fleet's evidence at once. Then rounds
+        together; sooner if a report is learned meanwhile): a new member merges
+        the fleet's evidence at once. Then rounds
         come once an interval while this sidecar has learned nothing of its own,
         and quicker from its first report on: the next round within
         ``EVIDENCE_POLL_SHARE`` of the interval, then after waits that grow with
@@ -258,7 +259,7 @@ class FleetStore:
         sidecar's start would all be spent before there is anything to share.
         """
         interval = self.config.publish_interval_s
-        await asyncio.sleep(self._rng.uniform(0.0, interval * FIRST_ROUND_SHARE))
+        await self._pause(self._rng.uniform(0.0, interval * FIRST_ROUND_SHARE), interval)
         backoff = interval
         while True:
             started = time.monotonic()

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specctl.arms import OFF, Arm
+from specctl.engine.client import FIRST_REPORT_SHARE
 from specctl.engine.policy_view import PolicyView, compile_policy, fallback_view
 from specctl.protocol.hello import hello_message
 from specctl.protocol.policy_messages import policy_message
@@ -332,7 +333,9 @@ class InProcessLink:
 
     The engine's hello opens a session through the server's
     :class:`~specctl.sidecar.admission.Admission`; every ``report_every``
-    steps the records become one ``StepReport``, admitted as the server admits
+    steps (the first reports sooner, as an engine sends them: after an eighth of
+    that, then twice as many steps each time up to it) the records become one
+    ``StepReport``, admitted as the server admits
     it (the rate limit aside: simulated steps come faster than real ones),
     learned by the book, and the book's policy for this engine compiled, as a
     ``Policy`` message, into the engine's view. A report the admission refuses
@@ -352,6 +355,10 @@ class InProcessLink:
         self.offered = dict(offered)
         self.fallback = fallback
         self.report_every = report_every
+        # steps in the next report: an engine's first reports go out sooner
+        # (specctl.engine.client: FIRST_REPORT_SHARE of its interval, then doubling)
+        self.first_report_steps = max(1, round(report_every * FIRST_REPORT_SHARE))
+        self._report_steps = self.first_report_steps
         self.sequence = 0
         self.policy_versions = 0
         self._pending: list[StepRecord] = []
@@ -376,8 +383,9 @@ class InProcessLink:
 
     def push(self, record: StepRecord) -> None:
         self._pending.append(record)
-        if len(self._pending) >= self.report_every:
+        if len(self._pending) >= self._report_steps:
             self.flush()
+            self._report_steps = min(self.report_every, 2 * self._report_steps)
 
     def refresh(self) -> None:
         """The book's policy moved without a report (a fleet merge): the engine gets it,

@@ -41,9 +41,10 @@ def _step(i: int) -> _Step:
 
 
 def _client(address: str, **kw: object) -> SidecarClient:
+    settings: dict[str, object] = {"report_interval_s": 0.05, **kw}
     config = EngineConfig(
-        address=address, report_interval_s=0.05, reconnect_min_s=0.05, reconnect_max_s=0.2,
-        engine_id="test-engine", **kw,  # type: ignore[arg-type]
+        address=address, reconnect_min_s=0.05, reconnect_max_s=0.2,
+        engine_id="test-engine", **settings,  # type: ignore[arg-type]
     )  # fmt: skip
     hello = pb.Hello(
         engine_id="test-engine", model="tiny", vllm_version="0.32.0",
@@ -214,3 +215,30 @@ def test_process_tree_cpu_clock_counts_the_workers() -> None:
         child.kill()
         child.wait()
     assert clock() >= 0.0  # an exited process is dropped, not an error
+
+
+def test_a_streams_first_report_goes_out_within_an_eighth_of_the_interval() -> None:
+    socket_path = Path(tempfile.mkdtemp(prefix="specctl-c-")) / "s.sock"
+    sidecar = _start_sidecar(socket_path)
+    interval = 2.0
+    client = _client(f"unix://{socket_path}", report_interval_s=interval)
+    try:
+        client.start()
+        assert _wait(lambda: client.view.version > 0), client.state()
+        url = sidecar.metrics_url
+        pushed = time.monotonic()
+        client.push(_step(1))
+        assert _wait(lambda: _metric(url, "specctl_reports_received_total") >= 1)
+        # within FIRST_REPORT_SHARE of the interval (0.25 s) and a busy machine's lag,
+        # where a report every interval would have come about 2 s after the stream began
+        assert time.monotonic() - pushed < 0.5 * interval, client.state()
+        # the waits then double up to the interval: a few more steps, a few more reports
+        # in the next second, not one a wake-up
+        for i in range(2, 40):
+            client.push(_step(i))
+            time.sleep(0.025)
+        sent = client.state().reports_sent_total
+        assert 2 <= sent <= 6, client.state()
+    finally:
+        client.close()
+        sidecar.stop(grace=0.1)
