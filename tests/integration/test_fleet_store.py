@@ -25,7 +25,7 @@ from pki_support import issue, make_ca
 from prometheus_client import CollectorRegistry
 
 from specctl.policy.registry import make_policy
-from specctl.protocol.reports import decode_step_report, encode_step_report
+from specctl.protocol.reports import decode_step_report
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import FleetConfig
 from specctl.sidecar.fleet_store import (
@@ -37,8 +37,8 @@ from specctl.sidecar.fleet_store import (
 )
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.sessions import Sessions
-from specctl.steps import StepRecord
 from specctl.testing.redis_server import RedisServer, RedisTls
+from specctl.testing.scripted_engine import report
 
 
 @pytest.fixture
@@ -210,25 +210,11 @@ class TimedStore(FleetStore):
 
 def learn_one_report(book: PolicyBook) -> None:
     """The book learns from one engine report, as the first report of its traffic."""
-    record = StepRecord(
-        step_index=1,
-        step_time_s=0.02,
-        batch_size=1,
-        num_scheduled_tokens=3,
-        policy_version=1,
-        load_bucket=0,
-        step_end_unix_s=time.time(),
-        classes=["chat"],
-        arms=["ngram/k=2"],
-        propensity=[1.0],
-        drafted=[2],
-        accepted=[1],
-    )
     offered = {"ngram": 4}
     book.offer(offered)
     book.ingest(
         decode_step_report(
-            encode_step_report(1, [record]),
+            report(1, arms=["ngram/k=2"], drafted=[2], accepted=[1]),
             engine_id="engine-pacing",
             offered=offered,
             num_load_buckets=book.num_load_buckets,
