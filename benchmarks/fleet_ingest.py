@@ -115,6 +115,8 @@ def run_once(
         "max_reports_per_s = 100000.0",
         "[policy]",
         'name = "specctl"',
+        # a round as soon as reports wait: the latency measured is the update path's
+        "learn_interval_s = 0.0",
         "[log]",
         'format = "json"',
         'level = "warning"',

@@ -189,13 +189,15 @@ def proc_sample(pid: int) -> tuple[float, float]:
 
 
 class SidecarProcess:
-    def __init__(self, tmp: Path, max_reports_per_s: float, state: bool) -> None:
+    def __init__(
+        self, tmp: Path, max_reports_per_s: float, state: bool, learn_interval_s: float
+    ) -> None:
         self.address = f"unix://{tmp}/sidecar.sock"
         port = _free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         config = tmp / "specctl.toml"
         text = (
-            '[policy]\nname = "specctl"\n'
+            f'[policy]\nname = "specctl"\nlearn_interval_s = {learn_interval_s}\n'
             f"[server]\nmax_reports_per_s = {max_reports_per_s}\nmax_engines = 1024\n"
         )
         if state:
@@ -362,6 +364,13 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--ramp-duration", type=float, default=15.0)
     parser.add_argument("--no-state", action="store_true", help="no snapshots or decision log")
+    parser.add_argument(
+        "--learn-interval-s",
+        type=float,
+        default=0.0,
+        help="the sidecar's policy.learn_interval_s (0: a round as soon as reports wait, "
+        "so the latency measured is the update path's; production default 0.5)",
+    )
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
 
@@ -371,7 +380,12 @@ def main() -> int:
     print(f"CPUs: sidecar {sorted(sidecar_cpus)}, engines {sorted(client_cpus)}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="specctl-load-") as tmp:
-        sidecar = SidecarProcess(Path(tmp), max_reports_per_s=1e6, state=not args.no_state)
+        sidecar = SidecarProcess(
+            Path(tmp),
+            max_reports_per_s=1e6,
+            state=not args.no_state,
+            learn_interval_s=args.learn_interval_s,
+        )
         os.sched_setaffinity(sidecar.proc.pid, sidecar_cpus)
         try:
             kwargs = dict(rows=args.rows, client_procs=args.client_procs, client_cpus=client_cpus)

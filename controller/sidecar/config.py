@@ -131,6 +131,9 @@ class PolicyConfig:
     fallback_arm: str = ""
     push_threshold: float = 0.05
     min_push_interval_s: float = 0.5
+    # Learn at most this often: reports that arrive in between are learned together in
+    # the next round (one policy update and one republish for all of them).
+    learn_interval_s: float = 0.5
     # Re-send the current policy this often even when it did not change, so an engine
     # can tell a quiet sidecar from a dead one (its max_policy_age_s); 0 disables.
     republish_interval_s: float = 10.0
@@ -172,6 +175,8 @@ class PolicyConfig:
             raise _fail(
                 "policy.min_push_interval_s", self.min_push_interval_s, "must be in [0, 60]"
             )
+        if not 0.0 <= self.learn_interval_s <= 60.0:
+            raise _fail("policy.learn_interval_s", self.learn_interval_s, "must be in [0, 60]")
         if not 0.0 <= self.republish_interval_s <= 3600.0:
             raise _fail(
                 "policy.republish_interval_s", self.republish_interval_s, "must be in [0, 3600]"

@@ -28,7 +28,8 @@ from specctl.sidecar.stability import DecisionStability
 if TYPE_CHECKING:
     from specctl.sidecar.book import PolicyBook
 
-# Report arrival to policy updated: the static policy takes tens of microseconds.
+# Report arrival to policy updated: the static policy takes tens of microseconds, and a
+# report that arrives within policy.learn_interval_s of a round waits for the next.
 LATENCY_BUCKETS = (
     1e-5,
     2.5e-5,
@@ -42,6 +43,8 @@ LATENCY_BUCKETS = (
     1e-2,
     2.5e-2,
     0.1,
+    0.25,
+    0.5,
     1.0,
 )
 
@@ -275,6 +278,11 @@ class SidecarMetrics:
         )
         self.policy_pushes = Counter(
             "specctl_policy_pushes", "Policies sent to engines.", registry=r
+        )
+        self.learning_rounds = Counter(
+            "specctl_learning_rounds",
+            "Policy updates; each learns every report that arrived since the previous one.",
+            registry=r,
         )
         self.policy_update_latency = Histogram(
             "specctl_policy_update_latency_seconds",

@@ -20,6 +20,7 @@ from specctl.policy.registry import make_policy
 from specctl.sidecar.admin_auth import AdminAuthInterceptor
 from specctl.sidecar.book import PolicyBook
 from specctl.sidecar.config import ConfigError, SidecarConfig, load_config
+from specctl.sidecar.learning import Learner
 from specctl.sidecar.publishing import Publisher
 
 log = get_logger(__name__)
@@ -29,7 +30,7 @@ CONFIG_POLL_S = 1.0
 
 class ConfigReloader:
     """Holds the running configuration and applies a re-read file to the book, the
-    admin interceptor and the publisher.
+    admin interceptor, the publisher and the learner.
 
     ``flag_overrides`` ("section.key" -> value) are re-applied on every reload,
     so command-line flags keep winning over the file.
@@ -42,12 +43,14 @@ class ConfigReloader:
         book: PolicyBook,
         admin_auth: AdminAuthInterceptor,
         publisher: Publisher,
+        learner: Learner,
     ) -> None:
         self.config = config
         self.flag_overrides = dict(flag_overrides)
         self.book = book
         self.admin_auth = admin_auth
         self.publisher = publisher
+        self.learner = learner
         self._mtime = self._file_mtime()
 
     def _file_mtime(self) -> float | None:
@@ -125,6 +128,7 @@ class ConfigReloader:
             path=old.path,
         )
         self.publisher.configure(new.policy)
+        self.learner.configure(new.policy)
         log.info(
             "config_reloaded", path=new.path, policy=new.policy.name, policy_version=book.version
         )

@@ -119,10 +119,12 @@ class Sidecar:
             num_load_buckets=self.book.num_load_buckets,
         )
         self.publisher = Publisher(self.book, self.sessions, config.policy)
-        self.learner = Learner(self.book, self.admission, self.metrics, self.publisher.notify)
+        self.learner = Learner(
+            self.book, self.admission, self.metrics, self.publisher.notify, config.policy
+        )
         self.admin_auth = AdminAuthInterceptor(config.admin, config.admin.read_token())
         self.reloader = ConfigReloader(
-            config, flag_overrides or {}, self.book, self.admin_auth, self.publisher
+            config, flag_overrides or {}, self.book, self.admin_auth, self.publisher, self.learner
         )
         self.state: StateKeeper | None = None
         if config.state.dir:

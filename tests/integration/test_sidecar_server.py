@@ -144,8 +144,10 @@ def test_metrics_count_reports_and_sessions_go_away(sidecar_factory) -> None:
             policy_version=first.version,
         )
     )
-    wait_for(lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] == 2)
+    # both learned (the second in the round after the first's)
+    wait_for(lambda: scrape(sc.metrics_url)["specctl_policy_update_latency_seconds_count"] == 2)
     m = scrape(sc.metrics_url)
+    assert m["specctl_reports_received_total"] == 2
     labels = 'drafter="ngram",workload_class="chat"'
     assert m[f"specctl_request_rounds_total{{{labels}}}"] == 3
     assert m[f"specctl_draft_tokens_total{{{labels}}}"] == 12
@@ -363,3 +365,57 @@ def test_a_cached_policy_message_is_stamped_each_time_it_is_sent() -> None:
     again = messages.policy(book.full_policy())
     assert (first.issued_unix_s, again.issued_unix_s) == (1000.0, 1010.0)
     assert again.version == first.version and list(again.entries) == list(first.entries)
+
+
+def _learning(sidecar: SidecarThread) -> tuple[float, float, float]:
+    """Reports received, learning rounds, and reports learned within a second of arriving."""
+    m = scrape(sidecar.metrics_url)
+    return (
+        m["specctl_reports_received_total"],
+        m["specctl_learning_rounds_total"],
+        m['specctl_policy_update_latency_seconds_bucket{le="1.0"}'],
+    )
+
+
+def test_reports_within_the_learning_interval_are_learned_in_one_round(sidecar_factory) -> None:
+    sidecar = sidecar_factory(policy_name="specctl", policy_learn_interval_s=6.0)
+    engine = ScriptedEngine(sidecar.address)
+    try:
+        engine.send(hello("interval-engine"))
+        engine.recv_policy()
+        # after a quiet spell a report is learned at once
+        engine.send(report(1))
+        wait_for(lambda: _learning(sidecar)[1] == 1)
+        for seq in (2, 3, 4, 5):
+            engine.send(report(seq))
+        wait_for(lambda: _learning(sidecar)[0] == 5)
+        assert _learning(sidecar)[1] == 1  # the four wait for the interval to end
+        wait_for(lambda: _learning(sidecar)[1] == 2, timeout=20.0)
+        received, rounds, within_a_second = _learning(sidecar)
+        assert (received, rounds, within_a_second) == (5, 2, 1)
+        # all five reached the policy: each has one request row at ngram/k=4
+        rounds_at_k4 = 'specctl_arm_rounds_total{arm="ngram/k=4",workload_class="chat"}'
+        assert scrape(sidecar.metrics_url)[rounds_at_k4] == 5
+    finally:
+        engine.close()
+
+
+def test_a_reloaded_learning_interval_ends_the_wait(sidecar_factory, tmp_path: Path) -> None:
+    config = tmp_path / "specctl.toml"
+    config.write_text('[policy]\nname = "specctl"\nlearn_interval_s = 60\n')
+    sidecar = sidecar_factory(config_path=config)
+    engine = ScriptedEngine(sidecar.address)
+    try:
+        engine.send(hello("reload-engine"))
+        engine.recv_policy()
+        engine.send(report(1))
+        wait_for(lambda: _learning(sidecar)[1] == 1)
+        engine.send(report(2))
+        wait_for(lambda: _learning(sidecar)[0] == 2)
+        assert _learning(sidecar)[1] == 1
+        config.write_text('[policy]\nname = "specctl"\nlearn_interval_s = 0\n')
+        assert sidecar.run(sidecar.sidecar.reload_config) is True
+        # the waiting report is learned now, not a minute after the first
+        wait_for(lambda: _learning(sidecar)[1] == 2)
+    finally:
+        engine.close()
