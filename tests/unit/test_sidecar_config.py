@@ -31,6 +31,7 @@ def test_defaults() -> None:
     assert c.policy.fallback_arm == ""
     assert c.policy.push_threshold == 0.05
     assert c.policy.min_push_interval_s == 0.5
+    assert c.policy.learn_interval_s == 0.5
     assert (c.admin.enabled, c.admin.token_file) == (False, "")
     assert (c.log.format, c.log.level) == ("auto", "info")
 
@@ -95,6 +96,7 @@ def test_a_policy_chosen_later_does_not_inherit_parameters_written_for_another(t
         ("[policy]\nload_bucket_bounds = [32, 8]\n", {}, "policy.load_bucket_bounds=[32, 8]"),
         ('[policy]\nload_bucket_bounds = ["a"]\n', {}, "must be a list of integers"),
         ("[policy]\npush_threshold = 2\n", {}, "policy.push_threshold=2.0"),
+        ("[policy]\nlearn_interval_s = -0.5\n", {}, "policy.learn_interval_s=-0.5"),
         ('[policy]\nfallback_arm = "maybe"\n', {}, "policy.fallback_arm='maybe'"),
         ('[policy]\ndefault_class = ""\n', {}, "policy.default_class=''"),
         ("[policy]\nmax_classes = 0\n", {}, "policy.max_classes=0"),
