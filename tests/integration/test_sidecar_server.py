@@ -8,6 +8,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -282,22 +284,41 @@ def test_a_settled_policy_is_republished_as_a_heartbeat(sidecar_factory) -> None
         engine.close()
 
 
-def test_a_reloaded_republish_interval_takes_effect(sidecar_factory, tmp_path: Path) -> None:
+@dataclass
+class _Reloadable:
+    """A sidecar started from a configuration file, with one engine connected."""
+
+    config: Path
+    sidecar: SidecarThread
+    engine: ScriptedEngine
+    first: pb.Policy  # the policy the engine got on connecting
+
+    def reload(self, text: str) -> None:
+        """Rewrite the file and have the sidecar apply it now."""
+        self.config.write_text(text)
+        assert self.sidecar.run(self.sidecar.sidecar.reload_config) is True
+
+
+@contextlib.contextmanager
+def _reloadable(sidecar_factory, tmp_path: Path, text: str) -> Iterator[_Reloadable]:
     config = tmp_path / "specctl.toml"
-    config.write_text("[policy]\nrepublish_interval_s = 3600\n")
+    config.write_text(text)
     sidecar = sidecar_factory(config_path=config)
     engine = ScriptedEngine(sidecar.address)
     try:
         engine.send(hello("reload-engine"))
-        first = engine.recv_policy()
-        config.write_text("[policy]\nrepublish_interval_s = 0.3\n")
-        assert sidecar.run(sidecar.sidecar.reload_config) is True
-        # the heartbeat now comes every 0.3 s, not an hour after the last push
-        again = engine.recv_policy(timeout=5.0)
-        assert again.version == first.version
-        assert again.issued_unix_s > first.issued_unix_s
+        yield _Reloadable(config, sidecar, engine, engine.recv_policy())
     finally:
         engine.close()
+
+
+def test_a_reloaded_republish_interval_takes_effect(sidecar_factory, tmp_path: Path) -> None:
+    with _reloadable(sidecar_factory, tmp_path, "[policy]\nrepublish_interval_s = 3600\n") as r:
+        r.reload("[policy]\nrepublish_interval_s = 0.3\n")
+        # the heartbeat now comes every 0.3 s, not an hour after the last push
+        again = r.engine.recv_policy(timeout=5.0)
+        assert again.version == r.first.version
+        assert again.issued_unix_s > r.first.issued_unix_s
 
 
 def test_the_policy_learns_in_every_configured_load_bucket(sidecar_factory) -> None:
@@ -401,21 +422,13 @@ def test_reports_within_the_learning_interval_are_learned_in_one_round(sidecar_f
 
 
 def test_a_reloaded_learning_interval_ends_the_wait(sidecar_factory, tmp_path: Path) -> None:
-    config = tmp_path / "specctl.toml"
-    config.write_text('[policy]\nname = "specctl"\nlearn_interval_s = 60\n')
-    sidecar = sidecar_factory(config_path=config)
-    engine = ScriptedEngine(sidecar.address)
-    try:
-        engine.send(hello("reload-engine"))
-        engine.recv_policy()
-        engine.send(report(1))
-        wait_for(lambda: _learning(sidecar)[1] == 1)
-        engine.send(report(2))
-        wait_for(lambda: _learning(sidecar)[0] == 2)
-        assert _learning(sidecar)[1] == 1
-        config.write_text('[policy]\nname = "specctl"\nlearn_interval_s = 0\n')
-        assert sidecar.run(sidecar.sidecar.reload_config) is True
+    text = '[policy]\nname = "specctl"\nlearn_interval_s = {}\n'
+    with _reloadable(sidecar_factory, tmp_path, text.format(60)) as r:
+        r.engine.send(report(1))
+        wait_for(lambda: _learning(r.sidecar)[1] == 1)
+        r.engine.send(report(2))
+        wait_for(lambda: _learning(r.sidecar)[0] == 2)
+        assert _learning(r.sidecar)[1] == 1
+        r.reload(text.format(0))
         # the waiting report is learned now, not a minute after the first
-        wait_for(lambda: _learning(sidecar)[1] == 2)
-    finally:
-        engine.close()
+        wait_for(lambda: _learning(r.sidecar)[1] == 2)
