@@ -21,7 +21,7 @@ from specctl.arms import parse_arm
 from specctl.protocol.reports import encode_step_report
 from specctl.steps import StepRecord
 from specctl.testing.redis_server import RedisServer
-from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape
+from specctl.testing.scripted_engine import ScriptedEngine, hello, reports_learned, scrape
 from specctl.testing.sidecar_thread import SidecarThread
 
 PREFIX = "specctl:test:"
@@ -74,17 +74,17 @@ class Replica:
 
     def send(self, reports: int, acceptance: float, workload_class: str | None = None) -> None:
         """``reports`` reports of ``STEPS_PER_REPORT`` steps each, then wait until the
-        sidecar has received them all."""
+        sidecar has learned from them all."""
         assert self.engine is not None, "no engine is connected"
         cls = workload_class or self.workload_class
-        before = self.received()
+        before = self.learned()
         for _ in range(reports):
             self.sequence += 1
             steps = [self._step(cls, acceptance) for _ in range(STEPS_PER_REPORT)]
             self.engine.send(encode_step_report(self.sequence, steps))
         deadline = time.monotonic() + 60
-        while self.received() < before + reports:
-            assert time.monotonic() < deadline, "the sidecar did not receive the reports"
+        while self.learned() < before + reports:
+            assert time.monotonic() < deadline, "the sidecar did not learn from the reports"
             time.sleep(0.05)
 
     def _step(self, cls: str, acceptance: float) -> StepRecord:
@@ -107,8 +107,8 @@ class Replica:
             accepted=accepted,
         )
 
-    def received(self) -> float:
-        return self.metrics().get("specctl_reports_received_total", 0.0)
+    def learned(self) -> float:
+        return reports_learned(self.sidecar.metrics_url)
 
     def metrics(self) -> dict[str, float]:
         return scrape(self.sidecar.metrics_url)

@@ -177,6 +177,14 @@ class ScriptedEngine:
         self.channel.close()
 
 
+def reports_learned(metrics_url: str) -> float:
+    """How many reports the sidecar has learned from (not merely received): each
+    learned report observes one update latency. Learning comes in rounds, up to
+    ``policy.learn_interval_s`` after a report arrives, so a caller about to read
+    what was learned waits on this count."""
+    return scrape(metrics_url).get("specctl_policy_update_latency_seconds_count", 0.0)
+
+
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> None:
     """Poll ``predicate()`` until true; fail with what it was waiting for."""
     assert callable(predicate)

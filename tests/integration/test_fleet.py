@@ -163,8 +163,13 @@ def test_a_restarted_sidecar_comes_back_with_the_fleets_evidence(
     fleet = start_fleet(sidecar_factory, redis_server, fleet_pool="testbed")
     try:
         c = fleet["c"]
+        # the others' evidence reaches c with their next publish
+        wait_until(
+            lambda: min(c.rounds(cls) for cls in ("chat", "code")) > 100,
+            30,
+            "c to merge what a and b learned",
+        )
         before = {cls: c.rounds(cls) for cls in ("chat", "code")}
-        assert min(before.values()) > 100, before
         c.close()
         c.sidecar.stop()
         settings = fleet_settings(redis_server, "sidecar-c", fleet_pool="testbed")

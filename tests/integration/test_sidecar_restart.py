@@ -24,7 +24,13 @@ from google.protobuf.json_format import MessageToDict
 
 from specctl.api import pb, pb_grpc
 from specctl.testing.random_reports import RandomReports
-from specctl.testing.scripted_engine import ScriptedEngine, hello, scrape, wait_for
+from specctl.testing.scripted_engine import (
+    ScriptedEngine,
+    hello,
+    reports_learned,
+    scrape,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORTS = RandomReports(
@@ -146,13 +152,11 @@ def learn(sc: ServeProcess, n: int, seed: int, engine_id: str) -> None:
     try:
         engine.send(hello(engine_id))
         engine.recv_policy(timeout=30)
-        start = scrape(sc.metrics_url).get("specctl_reports_received_total", 0.0)
+        start = reports_learned(sc.metrics_url)
         for r in REPORTS.reports(n, seed):
             engine.send(r)
-        wait_for(
-            lambda: scrape(sc.metrics_url).get("specctl_reports_received_total") == start + n,
-            timeout=30,
-        )
+        # learned, not merely received: what follows reads the evidence and the log
+        wait_for(lambda: reports_learned(sc.metrics_url) == start + n, timeout=30)
     finally:
         engine.close()
 

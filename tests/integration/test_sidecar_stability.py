@@ -30,7 +30,14 @@ from specctl.sidecar.config import load_config
 from specctl.sidecar.metrics import SidecarMetrics
 from specctl.sidecar.stability import DecisionStability, total_variation
 from specctl.steps import StepBatch, StepRecord
-from specctl.testing.scripted_engine import ScriptedEngine, hello, report, scrape, wait_for
+from specctl.testing.scripted_engine import (
+    ScriptedEngine,
+    hello,
+    report,
+    reports_learned,
+    scrape,
+    wait_for,
+)
 from specctl.testing.sidecar_thread import SidecarThread
 
 OFFERED = {"ngram": 4}
@@ -505,7 +512,7 @@ def test_a_restarted_sidecar_does_not_count_restoring_as_flips(sidecar_factory, 
     engine.recv_policy()
     for seq in range(1, 41):
         engine.send(report(seq))
-    wait_for(lambda: scrape(sc.metrics_url)["specctl_reports_received_total"] == 40)
+    wait_for(lambda: reports_learned(sc.metrics_url) == 40)
     # what it learned moved chat's distribution away from the prior: restoring it moves it again
     assert sc.run(lambda: sc.sidecar.book.stability("chat", 0)).changes_total > 0
     engine.close()
