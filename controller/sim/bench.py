@@ -33,7 +33,7 @@ with the same seed (:mod:`.bench_summary`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from specctl.policy.base import Policy
 from specctl.policy.registry import make_policy
 from specctl.policy.static import StaticPolicy
 from specctl.sidecar.book import PolicyBook
+from specctl.sim.bench_explain import ClassReading, explain_run
 from specctl.sim.bench_params import best_static_arm, engine_arm, policy_params
 from specctl.sim.bench_policies import REFERENCES, base_policy, check_policy_name, policy_variant
 from specctl.sim.bench_summary import summarize_run
@@ -71,6 +72,19 @@ def run_policy(
     progress: Progress | None = None,
 ) -> RunRecord:
     """One policy over one scenario, in-process through the production path."""
+    return _run(scenario, name, seed=seed, report_every=report_every, progress=progress)[0]
+
+
+def _run(
+    scenario: Scenario,
+    name: str,
+    *,
+    seed: int,
+    report_every: int,
+    progress: Progress | None,
+) -> tuple[RunRecord, list[ClassReading]]:
+    """The run, and for a learning policy its evidence at the end next to the truth
+    (:mod:`.bench_explain`)."""
     world = make_world(scenario, np.random.default_rng([seed, 0]))
     policy = build_policy(name, scenario, world)
     book = PolicyBook(
@@ -85,7 +99,11 @@ def run_policy(
 
     record = engine.run(scenario.steps, tick)
     record.policy_versions = link.policy_versions
-    return record
+    readings: list[ClassReading] = []
+    if policy_variant(name) == "learning":
+        bucket = link.view.load_bucket(world.batch_size)
+        readings = explain_run(policy, world, record, bucket)
+    return record, readings
 
 
 @dataclass
@@ -94,6 +112,8 @@ class ScenarioResult:
     best_static: Arm
     runs: dict[str, RunRecord]
     summary: dict[str, dict[str, Any]]
+    # per learning policy, its evidence at the run's end next to the truth
+    explained: dict[str, list[ClassReading]] = field(default_factory=dict)
 
 
 def run_scenario(
@@ -107,12 +127,17 @@ def run_scenario(
     names = list(dict.fromkeys([*policies, *REFERENCES]))
     for name in names:
         check_policy_name(name)
-    runs = {
-        name: run_policy(scenario, name, seed=seed, report_every=report_every, progress=progress)
+    ran = {
+        name: _run(scenario, name, seed=seed, report_every=report_every, progress=progress)
         for name in names
     }
+    runs = {name: record for name, (record, _) in ran.items()}
+    explained = {name: readings for name, (_, readings) in ran.items() if readings}
     best = best_static_arm(scenario)
-    return ScenarioResult(scenario, best, runs, summarize_run(scenario, runs, best))
+    summary = summarize_run(scenario, runs, best)
+    for name, readings in explained.items():
+        summary[name]["explained"] = [r.to_json() for r in readings]
+    return ScenarioResult(scenario, best, runs, summary, explained)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plots", type=Path, help="write PNG plots into this directory")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="after the table, per class: each learning policy's tokens per round and "
+        "round cost as it believes them at the run's end, next to the truth, and what "
+        "its token and cost estimates each lose (always in the JSON as 'explained')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
     out = benchmark_json(args.scenario, results, steps=args.steps, seed=args.seed)
     print(format_table(out))
+    if args.explain:
+        from specctl.sim.bench_explain import format_readings
+
+        for result in results:
+            for name, readings in result.explained.items():
+                print()
+                print(format_readings(name, result.scenario.name, readings))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

@@ -219,3 +219,52 @@ def test_bench_rejects_a_policy_it_cannot_run(policies, message, capsys) -> None
 def test_bench_rejects_an_unknown_scenario(capsys) -> None:
     assert main(["bench", "--scenario", "nope", "--steps", "200"]) == 2
     assert "unknown scenario 'nope'" in capsys.readouterr().err
+
+
+def test_bench_explains_a_learning_policys_regret(tmp_path, capsys) -> None:
+    """`--explain`: per class, the learning policy's tokens and round costs at the run's
+    end next to the sweep's, and the arm it would pick with either set corrected."""
+    out = tmp_path / "bench.json"
+    code = main(
+        ["bench", "--scenario", "qwen3-8b", "--steps", "2000", "--policies", "specctl",
+         "--explain", "--quiet", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    policies = json.loads(out.read_text())["policies"]
+    assert all(
+        "explained" not in p["runs"]["qwen3-8b"] for n, p in policies.items() if n in REFERENCES
+    )
+    explained = policies["specctl"]["runs"]["qwen3-8b"]["explained"]
+    (scenario,) = build_scenarios("qwen3-8b", 2000)
+    model = scenario.model
+    assert [r["workload_class"] for r in explained] == list(model.classes)
+    truth = model.expected_tokens()
+    cost = model.cost(scenario.batch)
+    arm_index = {a.name: i for i, a in enumerate(model.arms)}
+    for c, reading in enumerate(explained):
+        arms = {a["arm"]: a for a in reading["arms"]}
+        assert set(arms) == set(arm_index)
+        assert abs(sum(a["share"] for a in arms.values()) - 1.0) < 1e-3
+        for name, a in arms.items():
+            assert a["true_tokens"] == pytest.approx(truth[c, arm_index[name]], abs=1e-4)
+            assert a["true_cost"] == pytest.approx(cost[c, arm_index[name]], abs=1e-4)
+        best = arms[reading["best_arm"]]
+        assert best["goodput_vs_best"] == 1.0
+        assert max(a["goodput_vs_best"] for a in arms.values()) == 1.0
+        for pick, loss in [
+            ("believed_best", "loss"),
+            ("pick_with_true_tokens", "loss_with_true_tokens"),
+            ("pick_with_true_cost", "loss_with_true_cost"),
+        ]:
+            assert reading[loss] == pytest.approx(
+                1.0 - arms[reading[pick]]["goodput_vs_best"], abs=2e-4
+            )
+        # the costs are read in the truth's units at the class's most-run arm, where its
+        # tokens are measured best
+        most = max(arms.values(), key=lambda a: a["share"])
+        assert most["estimated_cost"] == pytest.approx(most["true_cost"], abs=1e-3)
+        assert most["estimated_tokens"] == pytest.approx(most["true_tokens"], rel=0.05)
+        assert most["arm"] != "off"
+    printed = capsys.readouterr().out
+    assert f"qwen3-8b specctl {model.classes[0]} (bucket " in printed
+    assert "believed" in printed and "with the true cost" in printed
