@@ -33,6 +33,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specctl.bench.beliefs import beliefs
 from specctl.bench.hindsight import HINDSIGHT, is_reference
 from specctl.bench.policy_names import VARIANT_SEPARATOR
 
@@ -304,6 +305,14 @@ def summarize(
             }
         headline["off_share"] = result["policies"][SPECCTL]["off_share"]
     result["headline"] = headline
+    if SPECCTL in policies and raw.get("timeline"):
+        result["beliefs"] = beliefs(
+            raw["timeline"],
+            segments,
+            policy=SPECCTL,
+            classes=classes,
+            phases=[p for p, _ in phases],
+        )
     # what hindsight pinned, per phase, in its last repetition
     pinned = {s["phase"]: s.get("pinned", {}) for s in segments if s["policy"] == HINDSIGHT}
     if pinned:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specctl.bench.analysis import CLOCKS, SPECCTL, summarize
+from specctl.bench.beliefs import format_beliefs
 from specctl.bench.workload import Workload
 
 GOODPUT = (
@@ -51,6 +52,7 @@ def benchmark_json(workload: Workload, raw: Mapping[str, Any], seed: int) -> dic
         "oracle": summary["oracle"],
         "policies": summary["policies"],
         **({"hindsight_arms": summary["hindsight_arms"]} if "hindsight_arms" in summary else {}),
+        **({"beliefs": summary["beliefs"]} if "beliefs" in summary else {}),
         "segments": raw["segments"],
         "timeline": raw["timeline"],
     }
@@ -133,6 +135,13 @@ def format_report(out: Mapping[str, Any]) -> str:
                 f"{_f(e['goodput']['median'], '.1f'):>13} {_f(e['vs_oracle']['median']):>8}"
             )
         lines.append(f"{name:<24} " + " ".join(f"{c:>22}" for c in cells))
+    if out.get("beliefs"):
+        lines.append("")
+        lines.append(
+            "specctl's belief at the end of each phase: per arm, goodput over off in the "
+            "sweep / believed (median over repetitions); believed best per repetition"
+        )
+        lines.extend(format_beliefs(out["beliefs"]))
     return "\n".join(lines)
 
 

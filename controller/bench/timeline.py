@@ -1,8 +1,9 @@
 """The benchmark's timeline: a learning policy's evidence, sampled while it runs.
 
-Per context, the arm probabilities and how steady the decision is (the mode
-arm, how long it has held, its flips); the live view and the timeline plot
-read these rows.
+Per context, the arm probabilities, how steady the decision is (the mode
+arm, how long it has held, its flips) and what the policy believes of each arm
+(goodput, tokens per round, P(best)); the live view, the timeline plot and
+:mod:`.beliefs` read these rows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ def evidence_rows(
         if ce.rounds <= 0 and bucket != current:
             continue
         probs = {a.arm: round(float(a.probability), 4) for a in ce.arms}
+        # what the policy believes of each arm it has an estimate for (:mod:`.beliefs`)
+        estimates = {
+            a.arm: {
+                "goodput": round(float(a.goodput), 3),
+                "tokens": round(float(a.expected_tokens), 4),
+                "prob_best": round(float(a.prob_best), 4),
+            }
+            for a in ce.arms
+            if a.goodput > 0
+        }
         top = max(probs, key=lambda a: probs[a]) if probs else ""
         st = stability.get((ce.workload_class, bucket))
         rows.append(
@@ -61,6 +72,7 @@ def evidence_rows(
                 "changes_total": st.changes_total if st else None,
                 "change_tv_total": round(st.change_tv_total, 4) if st else None,
                 "explanation": ce.explanation or ce.override_arm,
+                "estimates": estimates,
             }
         )
     return rows

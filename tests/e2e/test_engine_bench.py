@@ -123,6 +123,13 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
     rows = [r for r in out["timeline"] if r["policy"] == "specctl" and r["current"]]
     assert {r["class"] for r in rows} == set(CLASSES)
     assert all(r["mode_arm"] and r["mode_flips_total"] is not None for r in rows)
+    # and what it believes of each arm, which the report sets next to the sweep
+    assert any(r["estimates"] for r in rows)
+    assert all(set(r["estimates"]) <= set(r["probabilities"]) for r in rows)
+    assert all(
+        e["goodput"] > 0 and e["tokens"] >= 1.0 for r in rows for e in r["estimates"].values()
+    )
+    assert "beliefs" in out
     for name in ("bench.json", "report.txt", "bench.png", "timeline.png"):
         assert (run["out"] / name).stat().st_size > 0, name
     assert "vs oracle" in run["stdout"] and "specctl per repetition" in run["stdout"]

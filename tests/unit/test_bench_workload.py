@@ -407,3 +407,49 @@ def test_hindsight_is_a_reference_not_a_peer() -> None:
     assert "hindsight pinned (last repetition): low: greedy k=2" in format_report(
         {**out, "workload": {"classes": [{"name": c} for c in CLASSES]}}
     )
+
+
+def _evidence_row(rep: int, phase: str, cls: str, goodput: dict[str, float], **kw: Any) -> dict:
+    row = {
+        "policy": "specctl", "repetition": rep, "phase": phase, "class": cls,
+        "measured": True, "current": True,
+        "estimates": {a: {"goodput": g, "tokens": 1.0, "prob_best": 0.5}
+                      for a, g in goodput.items()},
+    }  # fmt: skip
+    return {**row, **kw}
+
+
+def test_specctls_beliefs_are_set_next_to_the_sweep() -> None:
+    """Per phase and class, the last measured evidence of each repetition: what specctl
+    believes each swept arm gives over off, next to the sweep's own ratio."""
+    raw = _raw(2)
+    raw["timeline"] = [
+        # the last measured sample in the phase's bucket counts; earlier ones, unmeasured
+        # ones and other buckets' do not
+        _evidence_row(0, "low", "greedy", {"off": 10.0, "k=2": 5.0}),
+        _evidence_row(0, "low", "greedy", {"off": 10.0, "k=2": 16.0}),
+        _evidence_row(0, "low", "greedy", {"off": 10.0, "k=2": 1.0}, measured=False),
+        _evidence_row(0, "low", "greedy", {"off": 10.0, "k=2": 1.0}, current=False),
+        _evidence_row(1, "low", "greedy", {"off": 10.0, "k=2": 9.0}),
+        _evidence_row(0, "low", "hot", {"off": 10.0, "k=2": 12.0, "k=3": 13.0}),
+        _evidence_row(0, "high", "hot", {"off": 10.0}),
+    ]
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    b = out["beliefs"]
+    greedy = b["low"]["greedy"]
+    assert greedy["sweep"] == {"off": 1.0, "k=2": 2.0}  # 200 against 100 tokens
+    assert greedy["sweep_best"] == "k=2"
+    assert greedy["believed"] == {"off": [1.0, 1.0], "k=2": [1.6, 0.9]}
+    assert greedy["believed_best"] == ["k=2", "off"]
+    hot = b["low"]["hot"]
+    assert hot["sweep"] == {"off": 1.0, "k=2": 0.8} and hot["sweep_best"] == "off"
+    # an arm the sweep did not run is not compared, but can be believed best
+    assert hot["believed"] == {"off": [1.0], "k=2": [1.2]} and hot["believed_best"] == ["k=3"]
+    # an arm without an estimate has no ratio
+    assert b["high"]["hot"]["believed"]["k=2"] == [None]
+    assert "greedy" not in b["high"]
+    report = format_report({**out, "workload": {"classes": [{"name": c} for c in CLASSES]}})
+    assert "specctl's belief at the end of each phase" in report
+    assert "  low greedy: best k=2, believed k=2, off; off 1.00/1.00, k=2 2.00/1.25" in report
+    # a run without evidence has no beliefs
+    assert "beliefs" not in summarize(_raw(2), classes=CLASSES, phases=PHASES)
