@@ -81,7 +81,8 @@ def explain_run(
     arms = [a.name for a in world.model.arms]
     readings = []
     for c, name in enumerate(world.model.classes):
-        estimates = {e.arm.name: e for e in policy.evidence(name, load_bucket).arms}
+        evidence = policy.evidence(name, load_bucket).arms
+        estimates = {e.arm.name: e for e in evidence if e.goodput > 0 and e.expected_tokens > 0}
         known = [i for i, a in enumerate(arms) if a in estimates]
         if "off" not in estimates or len(known) < 2:
             continue
