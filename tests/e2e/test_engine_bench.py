@@ -110,7 +110,9 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
             assert set(p[clock]["phases"]) == set(PHASES)
             assert set(p[clock]["classes"]) == set(CLASSES)
         assert set(p["off_share"]) == set(CLASSES)
-    assert set(out["headline"]["cpu"]) == {"vs_oracle", "vs_best_static", "vs_no_spec", "vs_peers"}
+    assert set(out["headline"]["cpu"]) == {
+        "vs_oracle", "vs_best_static", "vs_no_spec", "vs_best_measured", "vs_peers"
+    }  # fmt: skip
     assert set(out["headline"]["cpu"]["vs_peers"]) == {"specctl@k1"}
     assert out["engine"]["arms"] == ["off"] + [f"ngram/k={k}" for k in range(1, 5)]
     assert len(out["segments"]) == len(POLICIES) * len(PHASES)
@@ -205,6 +207,23 @@ def test_ratios_follow_from_the_measured_goodput(run: dict[str, Any]) -> None:
         assert max(mine["static:off"], mine["static:ngram/k=2"]) == pytest.approx(
             mine["static:" + oracle["best_static_arm"]]
         )
+        # the best static assignment the engine ran, per phase, among the static arms and
+        # hindsight's: one repetition, so each phase's is simply the best of the three
+        measured = oracle["best_measured"]
+        key = {"cpu": "engine_cpu_s", "wall": "window_s"}[clock]
+        reached = 0.0
+        for phase in PHASES:
+            runs = {
+                x: sum(v["tokens"] for v in _seg(out, x, phase)["classes"].values())
+                / _seg(out, x, phase)[key]
+                for x in ("static:off", "static:ngram/k=2", "hindsight")
+            }
+            best = max(runs, key=lambda x: runs[x])
+            assert measured["by_phase"][phase] == best.removeprefix("static:")
+            reached += runs[best] / len(PHASES)
+        assert measured["goodput"]["median"] == pytest.approx(reached, rel=1e-3)
+        spec = out["policies"]["specctl"][clock]["vs_best_measured"]["median"]
+        assert spec == pytest.approx(mine["specctl"] / reached, rel=1e-3)
     assert out["headline"]["cpu"]["vs_oracle"] == out["policies"]["specctl"]["cpu"]["vs_oracle"]
 
 

@@ -409,6 +409,54 @@ def test_hindsight_is_a_reference_not_a_peer() -> None:
     )
 
 
+def test_the_best_measured_assignment_is_the_best_static_choice_the_engine_ran() -> None:
+    """Per phase, the static arm or hindsight's arms with the highest median: a reference
+    an engine reached, next to the oracle's sum of classes measured in other batches."""
+    raw = _raw(1)
+    # together the oracle's arms lose to a static arm at high load, beat them at low
+    together = (("low", {"greedy": 190, "hot": 98}), ("high", {"greedy": 300, "hot": 290}))
+    for phase, tokens in together:
+        raw["segments"].append(
+            {
+                "policy": "hindsight", "repetition": 0, "phase": phase, "window_s": 10.0,
+                "engine_cpu_s": 5.0, "pinned": {"greedy": "k=2", "hot": "off"},
+                "classes": {
+                    c: {"tokens": n, "rounds": n, "accepted": 0, "drafted": 0, "arm_rounds": {}}
+                    for c, n in tokens.items()
+                },
+            }
+        )  # fmt: skip
+    raw["policies"].append({"name": "hindsight"})
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    measured = out["oracle"]["wall"]["best_measured"]
+    assert measured["by_phase"] == {"low": "hindsight", "high": "off"}
+    # per wall second: low (190 + 98) / 10, high (300 + 300) / 10, weighted 10:20
+    m0 = (28.8 * 10 + 60.0 * 20) / 30
+    o0 = ((200 + 100) / 10 * 10 + (330 + 300) / 10 * 20) / 30
+    assert measured["goodput"]["median"] == pytest.approx(m0, abs=1e-3)
+    assert measured["vs_oracle"]["median"] == pytest.approx(m0 / o0, abs=1e-3)
+    spec = out["policies"]["specctl"]["wall"]
+    mine0 = ((190 + 95) / 10 * 10 + (320 + 290) / 10 * 20) / 30
+    assert spec["vs_best_measured"]["median"] == pytest.approx(mine0 / m0, abs=1e-3)
+    high = spec["phases"]["high"]["vs_best_measured"]["median"]
+    assert high == pytest.approx(610 / 600, abs=1e-3)
+    assert out["headline"]["wall"]["vs_best_measured"] == spec["vs_best_measured"]
+    report = format_report({**out, "workload": {"classes": [{"name": c} for c in CLASSES]}})
+    assert (
+        "best measured assignment (per phase, the static arm or hindsight's arms with the "
+        f"highest median): low hindsight, high off; {m0 / o0:.3f} of the oracle" in report
+    )
+    assert f"best measured {mine0 / m0:.3f}" in report
+    # without a static segment there is nothing measured to compare with
+    bare = summarize(
+        {**raw, "segments": [s for s in raw["segments"] if s["policy"] == "specctl"],
+         "policies": [{"name": "specctl"}]},
+        classes=CLASSES, phases=PHASES,
+    )  # fmt: skip
+    assert bare["oracle"]["wall"]["best_measured"] is None
+    assert bare["headline"]["wall"]["vs_best_measured"]["median"] is None
+
+
 def _evidence_row(rep: int, phase: str, cls: str, goodput: dict[str, float], **kw: Any) -> dict:
     row = {
         "policy": "specctl", "repetition": rep, "phase": phase, "class": cls,
