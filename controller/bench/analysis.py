@@ -51,6 +51,8 @@ from specctl.bench.policy_names import VARIANT_SEPARATOR
 
 CLOCKS = {"cpu": "engine_cpu_s", "wall": "window_s"}
 NO_SPEC = "static:off"
+# a class gains from speculation where an arm beats off by this much in the sweep
+GAIN_BAR = 1.10
 SPECCTL = "specctl"
 
 
@@ -272,6 +274,52 @@ def _clock_summary(
     return oracle_entry, entries
 
 
+def off_where_speculation_wins(
+    view: ClockView, segments: Sequence[Mapping[str, Any]], statics: Sequence[str], policy: str
+) -> list[dict[str, Any]]:
+    """Per (phase, class) where a static arm's median class goodput beats ``off``'s by
+    ``GAIN_BAR`` or more, the best such arm, its gain, and the share of the class's
+    request-rounds ``policy`` ran ``off`` in the phase, per repetition: where speculation
+    pays, a policy that keeps the class off loses it (empty without ``off`` in the run)."""
+    if NO_SPEC not in statics:
+        return []
+    out = []
+    for p, _ in view.phases:
+        for c in view.classes:
+
+            def median(x: str, p: str = p, c: str = c) -> float | None:
+                kept = [v for r in view.reps if (v := view.cls(x, r, p, c)) is not None]
+                return statistics.median(kept) if kept else None
+
+            off = median(NO_SPEC)
+            gains = {a: g / off for a in statics if (g := median(a)) is not None and off}
+            if not gains:
+                continue
+            arm = max(gains, key=lambda a: gains[a])
+            if gains[arm] < GAIN_BAR:
+                continue
+            shares: list[float | None] = []
+            for r in view.reps:
+                runs = [
+                    s["classes"][c]["arm_rounds"]
+                    for s in segments
+                    if s["policy"] == policy and s["phase"] == p and s["repetition"] == r
+                ]
+                total = sum(sum(a.values()) for a in runs)
+                off_rounds = sum(a.get("off", 0.0) for a in runs)
+                shares.append(off_rounds / total if total else None)
+            out.append(
+                {
+                    "phase": p,
+                    "class": c,
+                    "arm": arm.removeprefix("static:"),
+                    "gain": _r(gains[arm]),
+                    "off_share": stats(shares),
+                }
+            )
+    return out
+
+
 def sidecar_cores(segments: Sequence[Mapping[str, Any]]) -> float | None:
     """The median over ``segments`` of the sidecar's CPU seconds per wall second (None
     where none recorded them). On a machine the engine keeps busy, each of them is
@@ -355,6 +403,9 @@ def summarize(
                 "vs_peers": e["vs_peers"],
             }
         headline["off_share"] = result["policies"][SPECCTL]["off_share"]
+        headline["off_where_speculation_wins"] = off_where_speculation_wins(
+            ClockView(segments, "wall", classes, phases, reps, statics), segments, statics, SPECCTL
+        )
     result["headline"] = headline
     if SPECCTL in policies and raw.get("timeline"):
         result["beliefs"] = beliefs(

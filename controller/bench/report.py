@@ -132,6 +132,16 @@ def format_report(out: Mapping[str, Any]) -> str:
             "request-rounds run off by specctl: "
             + ", ".join(f"{c} {_f(s, '.0%')}" for c, s in h["off_share"].items())
         )
+        wins = h.get("off_where_speculation_wins") or []
+        if wins:
+            lines.append(
+                "run off where an arm beats off by 10% or more in the sweep (per repetition): "
+                + "; ".join(
+                    f"{w['phase']} {w['class']} ({w['arm']} {w['gain']:.2f}x) "
+                    + " ".join(_f(v, ".1%") for v in w["off_share"]["per_repetition"])
+                    for w in wins
+                )
+            )
     cores = {name: p.get("sidecar_cores") for name, p in out["policies"].items()}
     if any(c is not None for c in cores.values()):
         lines.append(

@@ -114,6 +114,9 @@ def test_structure_outputs_and_progress(run: dict[str, Any]) -> None:
         "vs_oracle", "vs_best_static", "vs_no_spec", "vs_best_measured", "vs_peers"
     }  # fmt: skip
     assert set(out["headline"]["cpu"]["vs_peers"]) == {"specctl@k1"}
+    for w in out["headline"]["off_where_speculation_wins"]:
+        assert w["phase"] in PHASES and w["class"] in CLASSES and w["gain"] >= 1.1
+        assert len(w["off_share"]["per_repetition"]) == 1
     assert out["engine"]["arms"] == ["off"] + [f"ngram/k={k}" for k in range(1, 5)]
     assert len(out["segments"]) == len(POLICIES) * len(PHASES)
     # every phase ran every policy, in a rotated order, hindsight after the static arms

@@ -409,6 +409,36 @@ def test_hindsight_is_a_reference_not_a_peer() -> None:
     )
 
 
+def test_off_is_counted_where_the_sweep_says_speculation_wins() -> None:
+    """Per (phase, class) where an arm beats off by 10% or more in the sweep, the share of
+    the class's rounds specctl ran off, per repetition."""
+    raw = _raw(2)
+    # specctl runs greedy off on a quarter of its rounds at low load in repetition 1
+    for s in raw["segments"]:
+        if s["policy"] == "specctl" and s["phase"] == "low" and s["repetition"] == 1:
+            s["classes"]["greedy"]["arm_rounds"] = {"off": 50, "k=2": 150}
+    wins = summarize(raw, classes=CLASSES, phases=PHASES)["headline"]["off_where_speculation_wins"]
+    # greedy: k=2 200 against off's 100 at low load, 330 against 300 at high (1.10x, the
+    # bar); hot gains nowhere
+    assert [(w["phase"], w["class"], w["arm"], w["gain"]) for w in wins] == [
+        ("low", "greedy", "k=2", 2.0),
+        ("high", "greedy", "k=2", 1.1),
+    ]
+    assert wins[0]["off_share"]["per_repetition"] == [0.5, 0.25]
+    assert wins[1]["off_share"]["median"] == 0.5
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    report = format_report({**out, "workload": {"classes": [{"name": c} for c in CLASSES]}})
+    assert (
+        "run off where an arm beats off by 10% or more in the sweep (per repetition): "
+        "low greedy (k=2 2.00x) 50.0% 25.0%; high greedy (k=2 1.10x) 50.0% 50.0%" in report
+    )
+    # without off in the sweep there is nothing to measure the gain against
+    raw["segments"] = [s for s in raw["segments"] if s["policy"] != "static:off"]
+    raw["policies"] = [p for p in raw["policies"] if p["name"] != "static:off"]
+    out = summarize(raw, classes=CLASSES, phases=PHASES)
+    assert out["headline"]["off_where_speculation_wins"] == []
+
+
 def test_the_best_measured_assignment_is_the_best_static_choice_the_engine_ran() -> None:
     """Per phase, the static arm or hindsight's arms with the highest median: a reference
     an engine reached, next to the oracle's sum of classes measured in other batches."""
