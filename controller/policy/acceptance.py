@@ -278,8 +278,17 @@ class AcceptanceModel:
         self, class_slot: int | None, drafter_slots: np.ndarray, max_k: int, prior_rounds: float
     ) -> np.ndarray:
         """Per (drafter, K = 1..max_k): the share of its K drafts a round of the class
-        proposes, with ``prior_rounds`` rounds that proposed all K: 1 for a drafter that
-        always drafts K (a model), the class's match rate for an n-gram lookup. A read."""
+        proposes: 1 for a drafter that always drafts K (a model), the class's match rate
+        for an n-gram lookup. A read.
+
+        Each K is read from its own rounds with ``prior_rounds`` rounds at the class's
+        share over all of the drafter's K (all K proposed where the class has not run
+        the drafter). Whether a lookup finds a match depends on the context, not on
+        the K asked of it, so a K the class has barely run is charged what the class's
+        matches propose at its other K: charged in full instead, a K next to the one a
+        class runs looks dearer than both its neighbours, and Thompson sampling, which
+        ranks it behind them, never runs it to find out.
+        """
         shape = (drafter_slots.shape[0], max_k)
         if class_slot is None:
             return np.ones(shape)
@@ -289,8 +298,11 @@ class AcceptanceModel:
             shared = self.shared_arm_stats[class_slot, drafter_slots][:, :, 1 : max_k + 1]
             stats = stats + weight * shared
         k = np.arange(1, max_k + 1, dtype=np.float64)
-        proposed = stats[:, 3] / k + prior_rounds
-        return np.clip(proposed / (stats[:, 0] + prior_rounds), 0.0, 1.0)
+        # rounds' worth of drafts proposed, and rounds, per (drafter, K)
+        proposed, rounds = stats[:, 3] / k, stats[:, 0]
+        pooled = (proposed.sum(axis=1) + prior_rounds) / (rounds.sum(axis=1) + prior_rounds)
+        share = (proposed + prior_rounds * pooled[:, None]) / (rounds + prior_rounds)
+        return np.clip(share, 0.0, 1.0)
 
     def _changed(self, long: np.ndarray, recent: np.ndarray) -> np.ndarray:
         """Per (class, drafter) block: has a position's recent rate moved from its long rate?

@@ -47,8 +47,8 @@ from specctl.policy.truncated import nonnegative_draws
 # classes change): it moves with the evidence, which a handful of steps barely moves
 _JOINT_REFRESH_STEPS = 16
 _MAX_SPEEDUP_OF_DRAW = 2.0
-# rounds, at the prior, that proposed every draft of their K (see _unproposed_time): an
-# arm the class has barely run is charged as if it verified K
+# rounds, at the prior, that proposed the class's share of K over the drafter's other K
+# (see _unproposed_time and AcceptanceModel.drafted_share)
 _PROPOSED_PRIOR_ROUNDS = 5.0
 # correlation of the standard normal draws of one drafter's positions
 _POSITION_CORRELATION = 0.7

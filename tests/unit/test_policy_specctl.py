@@ -854,6 +854,32 @@ def test_an_ngram_arm_is_charged_for_the_drafts_it_proposes(seed: int) -> None:
     assert decision.probability_of(OFF) < 0.1, decision.explanation
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_ngram_k_the_class_has_not_run_is_charged_at_its_match_rate(seed: int) -> None:
+    """The same copying class (a match in 30% of its rounds) has run n-gram drafts at K=4
+    and K=1 only. Whether a round finds a match does not depend on K, so K=2 verifies
+    what the class's matches propose, 0.6 drafts a round: its step is 8 requests x 1.6
+    tokens x 2 ms over the 20 ms base, 45.6 ms, cheaper than K=4's 55.2. Charged as if
+    K=2's rounds proposed both drafts until the class runs it, K=2 costs 68 ms, more than
+    K=4, and Thompson sampling, which ranks it behind K=4, never finds out."""
+    policy = specctl()
+    env = SyntheticEnv(
+        drafters=NGRAM, acceptance={}, match_rate={"ngram": 0.3},
+        base_s=0.02, token_s=2e-3, pass_s=0.0, noise_s=1e-3, seed=seed,
+    )  # fmt: skip
+    for step in range(400):
+        k = 4 if step % 4 else (0 if step % 8 else 1)
+        arm = OFF if k == 0 else Arm("ngram", k)
+        ks = np.where(env.rng.random(8) < 0.3, k, 0)
+        env._learn(
+            policy, 0, ks, np.full(8, 0.9), classes=["copy"] * 8, arms=[arm.name] * 8,
+            propensity=[1.0] * 8,
+        )  # fmt: skip
+    times = {a.arm: a.expected_step_time_s for a in policy.evidence("copy", 0).arms}
+    assert times[Arm("ngram", 2)] == pytest.approx(0.02 + 8 * 1.6 * 2e-3, rel=0.08)
+    assert times[Arm("ngram", 2)] < times[Arm("ngram", 4)]
+
+
 def test_only_the_engines_batch_drafter_has_batch_wide_cost() -> None:
     """A model drafter the engine runs for the whole batch, and n-gram lookups the
     scheduler runs per request beside it. The n-gram drafter's batch-wide features stay
