@@ -128,6 +128,15 @@ def format_report(out: Mapping[str, Any]) -> str:
                 parts.append(f"best measured {_reps(e['vs_best_measured'])}")
             parts += [f"{peer} {_reps(s)}" for peer, s in e["vs_peers"].items()]
             lines.append(f"specctl per repetition ({clock}) vs: " + "; ".join(parts))
+        paired = h["wall"]["vs_peers"]
+        if paired:
+            # the medians against the oracle come from different repetitions' draws of a
+            # noisy machine; a ratio taken within each repetition does not
+            lines.append(
+                "specctl over each learning policy, repetition by repetition (median and "
+                "range per wall second): "
+                + ", ".join(f"{peer} {_spread(s)}" for peer, s in paired.items())
+            )
         lines.append(
             "request-rounds run off by specctl: "
             + ", ".join(f"{c} {_f(s, '.0%')}" for c, s in h["off_share"].items())

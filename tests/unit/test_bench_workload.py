@@ -356,8 +356,12 @@ def test_oracle_and_ratios_follow_from_the_measurements() -> None:
     )
     assert out["policies"]["static:k=2"]["off_share"]["greedy"] == 0.0
     assert out["headline"]["cpu"]["vs_oracle"] == spec["vs_oracle"]
-    assert "specctl" in format_report(
-        {**out, "workload": {"classes": [{"name": c} for c in CLASSES]}}
+    report = format_report({**out, "workload": {"classes": [{"name": c} for c in CLASSES]}})
+    paired = out["policies"]["specctl"]["wall"]["vs_peers"]["peer"]["median"]
+    assert paired > 1.0
+    assert (
+        "specctl over each learning policy, repetition by repetition (median and range per "
+        f"wall second): peer {paired:.3f}" in report
     )
 
 
