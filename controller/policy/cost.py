@@ -147,6 +147,8 @@ import math
 
 import numpy as np
 
+from specctl.policy.pair_cost import PairCost
+
 # weight, in steps, of the prior on the noise variance (10% of the prior step time)
 _NOISE_PRIOR_STEPS = 2.0
 # Huber constant, in standard deviations of the step-time noise
@@ -285,6 +287,8 @@ class CostModel:
         self.shared_weight = np.zeros(num_buckets)
         self.shared_held = np.zeros(num_buckets, dtype=bool)
         self.has_shared = False
+        # per (class, arm) deviations with a longer memory, where the policy asks for them
+        self.pairs: PairCost | None = None
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Everything learned, by its key in a policy's state: the live arrays, not copies."""
@@ -302,6 +306,7 @@ class CostModel:
             "cost_outliers": self.outliers,
             "cost_off_steps": self.off_steps,
             "cost_batch_wide": self.batch_wide,
+            **(self.pairs.state_arrays() if self.pairs is not None else {}),
         }
 
     def unused_columns(self) -> np.ndarray:
@@ -342,8 +347,15 @@ class CostModel:
         x[:, self.unused_columns()] = 0.0
         return x
 
-    def update(self, bucket: np.ndarray, x: np.ndarray, step_time_s: np.ndarray) -> None:
-        """One row of ``x`` (see :meth:`step_features`) and one step time per step."""
+    def update(
+        self,
+        bucket: np.ndarray,
+        x: np.ndarray,
+        step_time_s: np.ndarray,
+        pair_requests: np.ndarray | None = None,
+    ) -> None:
+        """One row of ``x`` (see :meth:`step_features`) and one step time per step; with
+        :attr:`pairs`, per step the requests of each of its pair columns."""
         d = self.discount
         for i in range(bucket.shape[0]):
             b = int(bucket[i])
@@ -365,12 +377,16 @@ class CostModel:
             self.yy[b] = self.yy[b] * d + weight * y * y
             self.steps[b] = self.steps[b] * d + weight
             self.off_steps[b] = self.off_steps[b] * d + float(not x1[BASE_FEATURES:].any())
+            if self.pairs is not None and pair_requests is not None:
+                self.pairs.add(b, x1, y, pair_requests[i], weight)
 
     def forget_class(self, slot: int) -> np.ndarray:
         """Drop a class's own price in every bucket, this replica's and the fleet's: its
         slot may go to another class. What its steps told the line through K stays.
         Returns the buckets whose fit changed (:meth:`refresh` them: the line takes the
         class's price as its own)."""
+        if self.pairs is not None:
+            self.pairs.forget_class(slot)
         if slot >= self.class_columns:
             return np.zeros(0, dtype=np.int64)
         nd = self.num_drafters
@@ -409,6 +425,8 @@ class CostModel:
             self.yy[b] *= keep
             self.steps[b] *= keep
             self.off_steps[b] *= keep
+            if self.pairs is not None:
+                self.pairs.scale(b, keep)
             self.changes[b] += 1
             # this engine's cost moved: the fleet's evidence waits until it agrees again
             self.shared_held[b] = True
@@ -454,6 +472,9 @@ class CostModel:
         self.fit[bucket] = mean
         self.fit_factor[bucket] = factor
         self.fitted[bucket] = True
+        if self.pairs is not None:
+            request_s = self.mean_step_s(bucket) / max(float(typical_x[BASE_FEATURES]), 1.0)
+            self.pairs.refresh(bucket, mean, float(self.noise_var[bucket]), request_s)
 
     def _solve(self, bucket: int, typical_x: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
         xtx, xty, yy, steps = self._sums(bucket)

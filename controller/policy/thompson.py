@@ -128,6 +128,7 @@ from specctl.policy.acceptance import MIN_RECENT_OBSERVATIONS, AcceptanceModel
 from specctl.policy.base import ArmEstimate, Decision, Evidence, Policy
 from specctl.policy.cost import CostModel
 from specctl.policy.load import BucketLoad
+from specctl.policy.pair_cost import PairCost
 from specctl.policy.params import parse_config
 from specctl.policy.shared import MergeReport, SharedEvidence
 from specctl.policy.state import PolicyState, StateValue
@@ -149,7 +150,8 @@ class SpecctlPolicy(PosteriorDraws, Policy):
     # 4: the cost model's decode and prefill tokens as two features
     # 6: a step-cost column per drafter and K (cost_k_columns)
     # 7: a step-cost column per class and drafter (cost_class_columns)
-    state_version = 7
+    # 8: per (class, arm) step-cost deviations (cost_pair_columns)
+    state_version = 8
 
     def __init__(self, config: SpecctlConfig | None = None) -> None:
         self.config = cfg = config or SpecctlConfig()
@@ -178,6 +180,16 @@ class SpecctlPolicy(PosteriorDraws, Policy):
             k_columns=cfg.cost_k_columns,
             class_columns=min(cfg.cost_class_columns, cfg.max_classes),
         )
+        if cfg.cost_pair_columns:
+            cost.pairs = PairCost(
+                self.num_buckets,
+                cost.num_features,
+                cfg.max_classes,
+                cfg.max_drafters,
+                capacity=cfg.cost_pair_columns,
+                discount=cfg.cost_pair_discount,
+                z=cfg.cost_pair_z,
+            )
         # the bucket's typical batch size is kept as long as its step cost
         load = BucketLoad(self.load_bucket_bounds, cfg.cost_discount)
         # the evidence: the models, the class and drafter slots, each bucket's class mix

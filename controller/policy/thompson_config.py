@@ -53,6 +53,9 @@ class SpecctlConfig:
     max_drafters: int = 4
     cost_k_columns: int = 16
     cost_class_columns: int = 16
+    cost_pair_columns: int = 64
+    cost_pair_discount: float = 0.9999
+    cost_pair_z: float = 1.5
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -100,6 +103,11 @@ class SpecctlConfig:
             "max_drafters": integer("max_drafters", self.max_drafters, 1, 64),
             "cost_k_columns": integer("cost_k_columns", self.cost_k_columns, 0, MAX_K),
             "cost_class_columns": integer("cost_class_columns", self.cost_class_columns, 0, 64),
+            "cost_pair_columns": integer("cost_pair_columns", self.cost_pair_columns, 0, 256),
+            "cost_pair_discount": real(
+                "cost_pair_discount", self.cost_pair_discount, 0.5, 1.0, lo_open=True
+            ),
+            "cost_pair_z": real("cost_pair_z", self.cost_pair_z, 0.0, 1e6),
         }
         if checked["recent_discount"] > checked["discount"]:
             raise ValueError(

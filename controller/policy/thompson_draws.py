@@ -215,6 +215,11 @@ class PosteriorDraws:
             step_time = np.maximum(
                 step_time + (batch_size * price).astype(np.float32), step_time[:, :1]
             )
+        pair = self._pair_price(slot, bucket)
+        if pair is not None:
+            step_time = np.maximum(
+                step_time + (batch_size * pair).astype(np.float32), step_time[:, :1]
+            )
         unproposed = self._unproposed_time(slot, bucket)
         if unproposed is not None:
             step_time = np.maximum(step_time - batch_size * unproposed, step_time[:, :1])
@@ -296,6 +301,17 @@ class PosteriorDraws:
         out = np.zeros(len(self._arms))
         out[1:] = price[self._arm_drafter_slot[1:]]
         return out
+
+    def _pair_price(self, slot: int | None, bucket: int) -> np.ndarray | None:
+        """Per offered arm, what a request of the class costs at it beyond the cost
+        model's price (0 for ``off``: see :mod:`specctl.policy.pair_cost`); None where
+        nothing is beyond it."""
+        pairs = self.learned.cost.pairs
+        if pairs is None or slot is None or len(self._arms) < 2:
+            return None
+        out = np.zeros(len(self._arms))
+        out[1:] = pairs.deviations(bucket, slot, self._arm_drafter_slot[1:], self._arm_k[1:])
+        return out if out.any() else None
 
     def _off_contrast_sd(self, bucket: int) -> np.ndarray:
         """Per arm, the posterior standard deviation of its extra step time over ``off``
@@ -402,6 +418,9 @@ class PosteriorDraws:
             price = self._class_price(int(m), bucket)
             if price is not None:
                 mine = np.maximum(mine + price, 0.0)
+            pair = self._pair_price(int(m), bucket)
+            if pair is not None:
+                mine = np.maximum(mine + pair, 0.0)
             per_class.append(mine if unproposed is None else np.maximum(mine - unproposed, 0.0))
         tokens = [self._token_samples(int(m)).astype(np.float64) for m in members]
         game = JointChoice(

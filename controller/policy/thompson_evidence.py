@@ -176,6 +176,8 @@ class ThompsonEvidence:
         decode_tokens: np.ndarray = np.zeros(s)
         arm_requests: np.ndarray = np.zeros((s, self.cost.num_features - self.cost.arm_start))
         class_slots = np.zeros(0, dtype=np.int64)
+        # per speculative row: (step, class slot, drafter slot, K), for the pair columns
+        pair_rows: np.ndarray | None = None
         evicted: list[tuple[str, int]] = []
         stamp = self._next_stamp()
         self._mark_batch_drafter(batch)
@@ -247,6 +249,16 @@ class ThompsonEvidence:
                 arm_requests += np.bincount(
                     batch.request_step[mine] * width + col, minlength=s * width
                 ).reshape(s, width)
+            if self.cost.pairs is not None and spec.any():
+                pair_rows = np.stack(
+                    [
+                        batch.request_step[spec],
+                        row_class[spec],
+                        row_slot[spec],
+                        batch.arm_k[spec].astype(np.int64),
+                    ],
+                    axis=1,
+                )
             self._update_mix(class_slots[batch.class_index], batch)
             untracked = (row_slot < 0) & (batch.arm_k > 0)
             if untracked.any():
@@ -262,12 +274,32 @@ class ThompsonEvidence:
             second_verified,
             arm_requests,
         )
-        self.cost.update(bucket, features, batch.step_time_s)
+        self.cost.update(
+            bucket, features, batch.step_time_s, self._pair_requests(bucket, pair_rows, s)
+        )
         for b in np.unique(bucket).tolist():
             if self.cost.has_shared:
                 self._weigh_shared_cost(b)
             self.cost.refresh(b, self.typical_features(b))
         return EvidenceUpdate(class_slots, bucket, tuple(evicted))
+
+    def _pair_requests(
+        self, bucket: np.ndarray, pair_rows: np.ndarray | None, num_steps: int
+    ) -> np.ndarray | None:
+        """Per step, the requests of each pair column of its bucket (see
+        :mod:`specctl.policy.pair_cost`), or None without pair columns."""
+        pairs = self.cost.pairs
+        if pairs is None or pair_rows is None:
+            return None
+        out = np.zeros((num_steps, pairs.capacity))
+        keyed = np.concatenate([bucket[pair_rows[:, 0], None], pair_rows[:, 1:]], axis=1)
+        unique, inverse = np.unique(keyed, axis=0, return_inverse=True)
+        column = np.array(
+            [pairs.index(b, c, d, k) for b, c, d, k in unique.tolist()], dtype=np.int64
+        )[inverse.reshape(-1)]
+        kept = column >= 0
+        np.add.at(out, (pair_rows[kept, 0], column[kept]), 1.0)
+        return out
 
     def _mark_batch_drafter(self, batch: StepBatch) -> None:
         """The drafter the engine runs for the whole batch has batch-wide cost terms from

@@ -175,7 +175,12 @@ def read_state(
         )
     }
     prior["cost_fit"] = np.broadcast_to(evidence.cost.prior_mean, evidence.cost.fit.shape)
+    pairs = evidence.cost.pairs
+    if pairs is not None:
+        prior.update(pairs.empty_state())
     values = reader.arrays_like(targets, prior)
+    if pairs is not None:
+        pairs.check_pairs(values["cost_pair"])
     switched_off = switch_off.read_state(reader, evidence.num_buckets)
     evicted = int(reader.number("classes_evicted"))
     untracked = int(reader.number("rows_untracked", 0.0))
@@ -188,6 +193,8 @@ def read_state(
 def load_evidence(evidence: ThompsonEvidence, saved: SavedState) -> None:
     """Write a checked state into the evidence; nothing here can fail half-way."""
     assign_arrays(evidence_arrays(evidence), saved.arrays)
+    if evidence.cost.pairs is not None:
+        evidence.cost.pairs.reindex()
     evidence.mix_changed()
     evidence.slot_class = [c or None for c in saved.classes]
     evidence.class_slot = {c: i for i, c in enumerate(evidence.slot_class) if c is not None}

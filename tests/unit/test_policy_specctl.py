@@ -945,7 +945,8 @@ def _kinked_policy(k_columns: int, steps: int, seed: int = 0) -> SpecctlPolicy:
     def batch_of(rng: np.random.Generator, k: int) -> tuple[list[str], float]:
         return ["chat"] * 8, 0.02 + 0.001 * 8 * k + 0.003 * 8 * (k >= 4)
 
-    return _ngram_policy({"cost_k_columns": k_columns}, steps, seed, batch_of)
+    params = {"cost_k_columns": k_columns, "cost_pair_columns": 0}
+    return _ngram_policy(params, steps, seed, batch_of)
 
 
 def _step_times(policy: SpecctlPolicy) -> dict[int, float]:
@@ -1006,6 +1007,71 @@ def test_a_class_whose_rounds_cost_more_gets_its_own_price(seed: int) -> None:
     assert prices["long"] > 0.0 > prices["short"]
     assert 0.0006 < prices["long"] - prices["short"] < 0.004
     assert _class_prices(_two_class_policy(0, 200, seed)) == {"long": 0.0, "short": 0.0}
+
+
+def _class_shaped_policy(pair_columns: int, steps: int, seed: int) -> SpecctlPolicy:
+    """Classes ``long`` and ``short`` on n-gram drafts, each request of a step at its
+    class's own K drawn at random, where a ``long`` request costs 4 ms more from K=4 on
+    and a ``short`` one does not: the step in cost over K is the class's own."""
+    policy = make_policy("specctl", {"cost_pair_columns": pair_columns, "seed": seed})
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for(NGRAM.items()))
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        k_long, k_short = (int(k) for k in rng.integers(1, 7, size=2))
+        classes = ["long"] * 4 + ["short"] * 4
+        drafted = [k_long] * 4 + [k_short] * 4
+        time_s = 0.02 + 0.001 * sum(drafted) + 0.004 * 4 * (k_long >= 4)
+        accepted = [int(min(rng.geometric(0.4) - 1, k)) for k in drafted]
+        record = StepRecord(
+            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
+            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
+            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
+            arms=[f"ngram/k={k}" for k in drafted], propensity=[0.2] * 8, drafted=drafted,
+            accepted=accepted,
+        )  # fmt: skip
+        batch = decode_step_report(
+            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
+            num_load_buckets=4,
+        )  # fmt: skip
+        policy.update_params(batch)
+    return policy
+
+
+def _kink(policy: SpecctlPolicy, name: str) -> float:
+    """What a step pays from the class's K=3 to K=4 beyond K=2 to K=3, as believed (the
+    class's half of the batch moving, the other half at its own choice)."""
+    t = {a.arm.k: a.expected_step_time_s for a in policy.evidence(name, 0).arms}
+    return (t[4] - t[3]) - (t[3] - t[2])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_class_whose_cost_steps_up_at_a_k_of_its_own_is_priced_so(seed: int) -> None:
+    """``long`` pays 4 ms a request more from K=4 on, ``short`` nothing: 16 ms a step for
+    its four requests against 0. The arms' columns price the mix's step, the same for
+    every class; the pairs' deviations put it on the class that pays it (soft-thresholded,
+    so short of the truth, never past it)."""
+    shaped = _class_shaped_policy(64, 2000, seed)
+    assert 0.008 < _kink(shaped, "long") < 0.017
+    assert abs(_kink(shaped, "short")) < 0.004
+    mixed = _class_shaped_policy(0, 2000, seed)
+    assert abs(_kink(mixed, "long") - _kink(mixed, "short")) < 0.002
+
+
+def test_a_class_slot_given_to_another_class_drops_its_pairs() -> None:
+    """A pair's deviation is the class's: the slot's next class starts at the cost
+    model's price, and the other class keeps its own."""
+    policy = _class_shaped_policy(64, 600, 0)
+    pairs = policy.learned.cost.pairs
+    assert pairs is not None
+    slot = policy.learned.class_slot["long"]
+    assert (pairs.pair[0, :, 0] == slot).any()
+    other = (pairs.pair[0, :, 0] >= 0) & (pairs.pair[0, :, 0] != slot)
+    kept = pairs.pair[0, other].copy()
+    policy.learned.forget("long")
+    assert not (pairs.pair[:, :, 0] == slot).any()
+    assert (pairs.column[:, slot] == -1).all()
+    np.testing.assert_array_equal(pairs.pair[0, other], kept)
 
 
 def test_a_class_price_and_an_arms_column_reach_a_cold_replica_through_the_fleet() -> None:
