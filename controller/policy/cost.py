@@ -91,7 +91,9 @@ moves every arm of the class at once, and what tells it apart is how the
 batch's mix of classes varies from step to step, which is slow. A class
 slot that goes to another class drops its columns (:meth:`forget_class`). The fleet
 shares them by class and drafter name, so a class's price learned on one replica
-holds on every replica that runs the class.
+holds on every replica that runs the class. Within a class, the shape over K is still
+the mix's: :mod:`specctl.policy.pair_cost` reads each class's own, per (class, arm),
+from this model's residuals (:attr:`CostModel.pairs`).
 
 The prior is independent per coefficient: mean from configuration (0 for a
 drafter's per-request cost, ``prior_token_s`` per draft token), standard
