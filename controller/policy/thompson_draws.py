@@ -490,6 +490,7 @@ class PosteriorDraws:
         # the variance of a mean of correlated rounds: at least that of 1/4 as many rounds
         sd = np.sqrt((var[rows, ks] + 0.05) / np.maximum(n_arm, 1.0) * 4.0)
         z = self._z_arm_tokens[:, self._drafters[rows], ks]
-        direct = 1.0 + mean[rows, ks] + sd * z
+        # a round commits its verified token and at most its K drafts, whatever the noise
+        direct = np.clip(1.0 + mean[rows, ks] + sd * z, 1.0, 2.0 + ks)
         weight = (n_arm / (n_arm + w0)).astype(np.float32)
         tokens[:, 1:] = (1.0 - weight) * tokens[:, 1:] + weight * direct.astype(np.float32)

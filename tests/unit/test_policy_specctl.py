@@ -393,6 +393,22 @@ def test_zero_acceptance_with_noisy_step_times_stays_off() -> None:
     assert float(np.mean(expected_k)) <= 0.3, np.mean(expected_k)
 
 
+def test_a_round_commits_at_least_one_token_and_at_most_k_plus_one_in_every_draw() -> None:
+    """An arm measured at nearly zero accepted drafts has its own measurement's normal
+    draws below 0 as often as above: each draw keeps the round between its one verified
+    token and its K drafts plus one."""
+    policy = specctl()
+    env = SyntheticEnv(drafters=NGRAM, acceptance={"ngram": 0.0}, base_s=0.04, token_s=1e-4)
+    for _ in range(300):
+        env.run_step(policy, "chat", 1, 16)
+    slot = policy.learned.class_slot["chat"]
+    tokens = policy._samples(slot, 1).tokens
+    ks = np.array([e.arm.k for e in policy.evidence("chat", 1).arms])
+    assert tokens.min() >= 1.0
+    assert (tokens <= 1.0 + ks[None, :]).all()
+    assert all(e.expected_tokens >= 1.0 for e in policy.evidence("chat", 1).arms)
+
+
 @pytest.mark.parametrize(("mean", "sd"), [(0.0, 1.0), (1.0, 1.0), (-2.0, 0.5), (-8.0, 1.0)])
 def test_nonnegative_draws_follow_the_truncated_normal(mean: float, sd: float) -> None:
     z = np.random.default_rng(0).standard_normal(200_000)
