@@ -921,6 +921,31 @@ def test_only_the_engines_batch_drafter_has_batch_wide_cost() -> None:
     assert sum(a.drafter == "ngram" for a in late) >= 0.9 * len(late), late
 
 
+def _feed_ngram_step(
+    policy: SpecctlPolicy,
+    rng: np.random.Generator,
+    step: int,
+    classes: list[str],
+    drafted: list[int],
+    time_s: float,
+) -> None:
+    """One one-step report of a batch of 8 on n-gram drafts: each request at its own K
+    (``drafted``), accepting geometrically, the step's time before a 2% noise."""
+    accepted = [int(min(rng.geometric(0.4) - 1, k)) for k in drafted]
+    record = StepRecord(
+        step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
+        batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
+        load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
+        arms=[f"ngram/k={k}" for k in drafted], propensity=[0.2] * 8, drafted=drafted,
+        accepted=accepted,
+    )  # fmt: skip
+    batch = decode_step_report(
+        encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
+        num_load_buckets=4,
+    )  # fmt: skip
+    policy.update_params(batch)
+
+
 def _ngram_policy(
     params: dict[str, int],
     steps: int,
@@ -937,19 +962,7 @@ def _ngram_policy(
     for step in range(steps):
         k = int(rng.integers(1, 7))
         classes, time_s = batch_of(rng, k)
-        drafted = [k] * 8
-        accepted = [int(min(rng.geometric(0.4) - 1, k)) for _ in drafted]
-        record = StepRecord(
-            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
-            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
-            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
-            arms=[f"ngram/k={k}"] * 8, propensity=[0.2] * 8, drafted=drafted, accepted=accepted,
-        )  # fmt: skip
-        batch = decode_step_report(
-            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
-            num_load_buckets=4,
-        )  # fmt: skip
-        policy.update_params(batch)
+        _feed_ngram_step(policy, rng, step, classes, [k] * 8, time_s)
     return policy
 
 
@@ -1038,19 +1051,7 @@ def _class_shaped_policy(pair_columns: int, steps: int, seed: int) -> SpecctlPol
         classes = ["long"] * 4 + ["short"] * 4
         drafted = [k_long] * 4 + [k_short] * 4
         time_s = 0.02 + 0.001 * sum(drafted) + 0.004 * 4 * (k_long >= 4)
-        accepted = [int(min(rng.geometric(0.4) - 1, k)) for k in drafted]
-        record = StepRecord(
-            step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
-            batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
-            load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
-            arms=[f"ngram/k={k}" for k in drafted], propensity=[0.2] * 8, drafted=drafted,
-            accepted=accepted,
-        )  # fmt: skip
-        batch = decode_step_report(
-            encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
-            num_load_buckets=4,
-        )  # fmt: skip
-        policy.update_params(batch)
+        _feed_ngram_step(policy, rng, step, classes, drafted, time_s)
     return policy
 
 
