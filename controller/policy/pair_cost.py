@@ -24,14 +24,17 @@ read, not when the step came in: the statistics hold the step's features next to
 time (``N^T X``, ``N^T y``), so what the fit has learned since is not charged to the
 pairs.
 
-Only the shape is read here, not the level: per (class, drafter), the deviations are
-centred on their mean over the steps that ran the class's pairs, so the arm a class
-runs most costs what the cost model says, and the others differ from it by what their
-own steps show. The level of a class's rounds is the cost model's (the line and the
+Only the shape is read here, not the level: per class, the deviations are centred on
+their mean over the steps that ran the class's pairs, so the class's speculative rounds
+cost, on the whole, what the cost model says, and its arms differ from that by what
+their own steps show, across K and across drafters (a class's context can make one
+drafter's passes dearer than another's, which the mix's drafter terms do not tell).
+The level of a class's rounds against ``off`` is the cost model's (the line and the
 class's price), on the cost model's shorter memory. A level read here would be the
 residual of old steps at a fit made on recent ones: once a class stops speculating,
 the fit moves on without it, its old steps' residuals grow, and a class that looked
-expensive would keep looking so, and stay ``off``.
+expensive would keep looking so, and stay ``off``. With ``by_drafter``, the deviations
+are centred per (class, drafter) instead, and read only each drafter's shape over K.
 
 A deviation counts only beyond ``z`` posterior standard deviations (soft
 thresholding), so a pair costs what the cost model says until its own steps show
@@ -64,11 +67,14 @@ class PairCost:
         capacity: int,
         discount: float,
         z: float,
+        by_drafter: bool = False,
         prior_rounds: float = 1.0,
     ) -> None:
         self.capacity = capacity
         self.discount = discount
         self.z = z
+        # the centring's groups: the pair's class, or its class and drafter
+        self.group_by = 2 if by_drafter else 1
         self.prior_rounds = prior_rounds
         p = capacity
         # per bucket: each pair's column (-1: none), and each column's pair
@@ -204,11 +210,12 @@ class PairCost:
         precision[np.diag_indices_from(precision)] += 1.0 / prior_var
         cov = np.linalg.inv(precision)
         mean = cov @ (resid / noise_var)
-        # per (class, drafter), the deviations' mean over the steps that ran its pairs is 0:
-        # the level is the cost model's, learned on its own memory. Centring is linear
-        # (mean <- C mean), and the threshold reads the centred deviations' own spread
-        # (C cov C^T): a class's level, which the pairs alone may not tell, is not in it.
-        _, group = np.unique(self.pair[bucket, cols, :2], axis=0, return_inverse=True)
+        # per class (or class and drafter), the deviations' mean over the steps that ran
+        # its pairs is 0: the level is the cost model's, learned on its own memory.
+        # Centring is linear (mean <- C mean), and the threshold reads the centred
+        # deviations' own spread (C cov C^T): a class's level, which the pairs alone may
+        # not tell, is not in it.
+        _, group = np.unique(self.pair[bucket, cols, : self.group_by], axis=0, return_inverse=True)
         group = group.reshape(-1)
         same = group[:, None] == group[None, :]
         steps = self.steps[bucket][cols]

@@ -189,6 +189,7 @@ class SpecctlPolicy(PosteriorDraws, Policy):
                 capacity=cfg.cost_pair_columns,
                 discount=cfg.cost_pair_discount,
                 z=cfg.cost_pair_z,
+                by_drafter=cfg.cost_pair_centring == "class-drafter",
             )
         # the bucket's typical batch size is kept as long as its step cost
         load = BucketLoad(self.load_bucket_bounds, cfg.cost_discount)

@@ -17,6 +17,9 @@ from typing import Any
 from specctl.arms import MAX_K, ArmError, parse_arm
 from specctl.policy.params import DEFAULT_LOAD_BUCKET_BOUNDS, bucket_bounds, integer, real
 
+# what the per-(class, arm) cost deviations are centred on (see specctl.policy.pair_cost)
+PAIR_CENTRINGS = ("class", "class-drafter")
+
 
 @dataclass(frozen=True)
 class SpecctlConfig:
@@ -56,6 +59,7 @@ class SpecctlConfig:
     cost_pair_columns: int = 64
     cost_pair_discount: float = 0.9999
     cost_pair_z: float = 1.5
+    cost_pair_centring: str = "class"
 
     def __post_init__(self) -> None:
         checked: dict[str, Any] = {
@@ -118,6 +122,11 @@ class SpecctlConfig:
             raise ValueError(
                 f"switch_on_confidence={self.switch_on_confidence!r} must not exceed "
                 f"switch_off_confidence={self.switch_off_confidence!r}"
+            )
+        if self.cost_pair_centring not in PAIR_CENTRINGS:
+            raise ValueError(
+                f"cost_pair_centring={self.cost_pair_centring!r} must be one of "
+                f"{', '.join(PAIR_CENTRINGS)}"
             )
         if self.prior_arm is not None:
             if not isinstance(self.prior_arm, str):

@@ -931,16 +931,31 @@ def _feed_ngram_step(
 ) -> None:
     """One one-step report of a batch of 8 on n-gram drafts: each request at its own K
     (``drafted``), accepting geometrically, the step's time before a 2% noise."""
+    _feed_step(policy, rng, step, classes, [f"ngram/k={k}" for k in drafted], time_s, NGRAM)
+
+
+def _feed_step(
+    policy: SpecctlPolicy,
+    rng: np.random.Generator,
+    step: int,
+    classes: list[str],
+    arms: list[str],
+    time_s: float,
+    offered: dict[str, int],
+) -> None:
+    """One one-step report of a batch of 8, each request at its own arm, accepting
+    geometrically, the step's time before a 2% noise."""
+    drafted = [parse_arm(a).k for a in arms]
     accepted = [int(min(rng.geometric(0.4) - 1, k)) for k in drafted]
     record = StepRecord(
         step_index=step + 1, step_time_s=time_s * (1 + 0.02 * rng.standard_normal()),
         batch_size=8, num_scheduled_tokens=8 + sum(drafted), policy_version=1,
         load_bucket=0, step_end_unix_s=1e9 + step, classes=classes,
-        arms=[f"ngram/k={k}" for k in drafted], propensity=[0.2] * 8, drafted=drafted,
+        arms=arms, propensity=[0.2] * 8, drafted=drafted,
         accepted=accepted,
     )  # fmt: skip
     batch = decode_step_report(
-        encode_step_report(step + 1, [record]), engine_id="e", offered=NGRAM,
+        encode_step_report(step + 1, [record]), engine_id="e", offered=offered,
         num_load_buckets=4,
     )  # fmt: skip
     policy.update_params(batch)
@@ -1073,6 +1088,61 @@ def test_a_class_whose_cost_steps_up_at_a_k_of_its_own_is_priced_so(seed: int) -
     assert abs(_kink(shaped, "short")) < 0.004
     mixed = _class_shaped_policy(0, 2000, seed)
     assert abs(_kink(mixed, "long") - _kink(mixed, "short")) < 0.002
+
+
+TWO_DRAFTERS = {"ngram": 4, "eagle3": 4}
+
+
+def _drafter_priced_policy(centring: str, steps: int, seed: int) -> SpecctlPolicy:
+    """Classes ``dear`` and ``plain``, four requests each a step, each class at a drafter
+    and K of its own drawn at random, where a ``dear`` request drafting with EAGLE-3
+    costs 4 ms more and a ``plain`` one does not: the class's context makes one drafter
+    dearer than the mix says. The class's own price per drafter is left out
+    (``cost_class_columns`` 0), so what prices it is the pairs'."""
+    policy = make_policy(
+        "specctl",
+        {"cost_class_columns": 0, "cost_pair_centring": centring, "seed": seed},
+    )
+    assert isinstance(policy, SpecctlPolicy)
+    policy.set_arms(arms_for(TWO_DRAFTERS.items()))
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        drafters = [str(d) for d in rng.choice(["ngram", "eagle3"], size=2)]
+        ks = [int(k) for k in rng.integers(1, 5, size=2)]
+        arms = [f"{drafters[0]}/k={ks[0]}"] * 4 + [f"{drafters[1]}/k={ks[1]}"] * 4
+        time_s = (
+            0.02 + 0.001 * 4 * sum(ks) + 0.002 * 4 * drafters.count("eagle3")
+            + 0.004 * 4 * (drafters[0] == "eagle3")
+        )  # fmt: skip
+        _feed_step(policy, rng, step, ["dear"] * 4 + ["plain"] * 4, arms, time_s, TWO_DRAFTERS)
+    return policy
+
+
+def _drafter_gap(policy: SpecctlPolicy, name: str) -> float:
+    """What a step pays for the class's half of the batch drafting with EAGLE-3 rather
+    than n-grams, at K=2, as believed."""
+    t = {a.arm.name: a.expected_step_time_s for a in policy.evidence(name, 0).arms}
+    return t["eagle3/k=2"] - t["ngram/k=2"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_class_whose_one_drafter_costs_more_than_the_mix_says_is_priced_so(
+    seed: int,
+) -> None:
+    """A half batch on EAGLE-3 rather than n-grams costs ``plain`` 8 ms a step and
+    ``dear`` 24 ms; the mix's drafter terms price both at their average. Centred per
+    class, the pairs move each class most of the way to its own (soft-thresholded, so
+    ``dear`` short of the truth); centred per class and drafter they read only each
+    drafter's shape over K, and both classes keep the mix's price."""
+    by_class = _drafter_priced_policy("class", 3000, seed)
+    dear, plain = _drafter_gap(by_class, "dear"), _drafter_gap(by_class, "plain")
+    assert 0.016 < dear < 0.024
+    assert plain < 0.009
+    assert dear - plain > 0.010
+    by_drafter = _drafter_priced_policy("class-drafter", 3000, seed)
+    assert abs(_drafter_gap(by_drafter, "dear") - _drafter_gap(by_drafter, "plain")) < 0.002
+    with pytest.raises(ValueError, match="cost_pair_centring='drafter' must be one of class"):
+        make_policy("specctl", {"cost_pair_centring": "drafter"})
 
 
 def test_a_class_slot_given_to_another_class_drops_its_pairs() -> None:
